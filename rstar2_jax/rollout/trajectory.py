@@ -1,0 +1,123 @@
+"""Per-trajectory state machine: GENERATING -> WAITING_TOOL -> GENERATING ... -> DONE(reason).
+
+A trajectory owns its token stream: the prompt ids, then alternately the sampled ids of an
+assistant turn (loss mask 1, sampler log-probs) and the tokenized tool-response segment (mask 0).
+One token budget covers the whole response, tool tokens included. At most ``max_turns`` assistant
+turns; only the first tool call of a turn runs. It knows nothing about engines or pools: the
+rollout loop feeds it generated tokens and tool results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Any
+
+from rstar2_jax.rl.penalties import RocRecord
+from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, find_tool_call, parse_tool_call,
+                                         render_tool_result, tool_response_segment)
+from rstar2_jax.tokenizer import Tokenizer
+
+
+class Status(enum.Enum):
+    GENERATING = "generating"
+    WAITING_TOOL = "waiting_tool"
+    DONE = "done"
+
+
+DONE_REASONS = ("answer", "eos", "max_turns", "budget", "error")
+DECODE_ERROR = "decode_error"  # tool status of an undecodable call (an error for p_err)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ToolRecord:
+    status: str  # sandbox status, or "decode_error"
+    latency_s: float  # wall time from submission to result (0 for decode errors)
+    code: str = ""
+
+
+@dataclasses.dataclass(kw_only=True, eq=False)
+class Trajectory:
+    """One rollout. ``uid`` is unique in the batch; ``group_id`` is the problem's group."""
+
+    uid: int
+    group_id: int
+    problem_id: str
+    gold: str
+    prompt_tokens: list[int]
+    budget: int  # max response tokens, tool tokens included
+    response_tokens: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)  # 1 sampled, 0 appended
+    sampler_logprobs: list[float] = dataclasses.field(default_factory=list)
+    turns: list[str] = dataclasses.field(default_factory=list)  # assistant text of each turn
+    tools: list[ToolRecord] = dataclasses.field(default_factory=list)
+    status: Status = Status.GENERATING
+    done_reason: str | None = None
+    error: str | None = None
+    pending_call: ToolCall | ToolCallError | None = None
+    reward: float = 0.0
+    reward_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def remaining(self) -> int:
+        return self.budget - len(self.response_tokens)
+
+    @property
+    def assistant_text(self) -> str:
+        return "".join(self.turns)
+
+    def finish(self, reason: str, error: str | None = None) -> None:
+        assert reason in DONE_REASONS, reason
+        self.status, self.done_reason, self.error, self.pending_call = Status.DONE, reason, error, None
+
+    def on_generated(self, tokens: list[int], logprobs: list[float], hit_length: bool,
+                     tokenizer: Tokenizer, cfg: TemplateConfig) -> None:
+        """Record one assistant turn's sampled tokens and decide what comes next."""
+        assert self.status is Status.GENERATING, self.status
+        self.response_tokens.extend(tokens)
+        self.loss_mask.extend([1] * len(tokens))
+        self.sampler_logprobs.extend(float(x) for x in logprobs)
+        text = tokenizer.decode(tokens)
+        self.turns.append(text)
+        body = find_tool_call(text)
+        if "</answer>" in text and (body is None or text.rfind("</answer>") > text.find("</tool_call>")):
+            self.finish("answer")  # an answer after (or without) the tool call ends the trajectory
+        elif hit_length:
+            self.finish("budget")
+        elif body is None:
+            self.finish("eos")
+        elif self.remaining <= 0:
+            self.finish("budget")
+        elif len(self.turns) >= cfg.max_turns:
+            self.finish("max_turns")  # a tool call in the last allowed turn is not run
+        else:
+            self.pending_call = parse_tool_call(body)
+            self.status = Status.WAITING_TOOL
+
+    def on_tool_result(self, result: Any, latency_s: float, tokenizer: Tokenizer,
+                       cfg: TemplateConfig) -> list[int] | None:
+        """Record the tool result; return the tokens to append (mask 0), or None if the budget ends here.
+
+        ``result`` is a ``CodeResult`` or, for an undecodable call, the pending ``ToolCallError``.
+        """
+        assert self.status is Status.WAITING_TOOL, self.status
+        call = self.pending_call
+        if isinstance(result, ToolCallError):
+            self.tools.append(ToolRecord(DECODE_ERROR, 0.0))
+        else:
+            self.tools.append(ToolRecord(result.status, latency_s, call.code if isinstance(call, ToolCall) else ""))
+        segment = tokenizer.encode(tool_response_segment(render_tool_result(result, cfg)))
+        if len(segment) >= self.remaining:  # no room for the response and at least one more token
+            self.finish("budget")
+            return None
+        self.response_tokens.extend(segment)
+        self.loss_mask.extend([0] * len(segment))
+        self.sampler_logprobs.extend([0.0] * len(segment))
+        self.pending_call, self.status = None, Status.GENERATING
+        return segment
+
+    def roc_record(self) -> RocRecord:
+        text = self.assistant_text
+        return RocRecord.from_tool_statuses(
+            [t.status for t in self.tools], n_answer_open=text.count("<answer>"),
+            n_answer_close=text.count("</answer>"), n_turns=len(self.turns))
