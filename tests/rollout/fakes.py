@@ -1,0 +1,79 @@
+"""A scripted fake engine with PagedEngine's API: emits predetermined turns (no JAX)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from rstar2_jax.sampling import StopEvent
+
+
+@dataclasses.dataclass
+class _Cfg:
+    page_size: int = 16
+    max_seq_len: int = 4096
+
+
+class ScriptedEngine:
+    """``script(problem_tokens, child_index, turn_index) -> turn text``; one whole turn per step.
+
+    With ``honor_stops`` the turn is cut after the first stop token (as a real engine does);
+    without it the whole scripted turn is emitted (e.g. two tool calls in one turn).
+    """
+
+    def __init__(self, tokenizer, script: Callable[[list[int], int, int], str], *, honor_stops: bool = True,
+                 num_pages: int = 1024, page_size: int = 16, max_seq_len: int = 4096):
+        self.tok, self.script, self.honor_stops = tokenizer, script, honor_stops
+        self.cfg = _Cfg(page_size, max_seq_len)
+        self.num_pages = num_pages
+        self._seqs: dict[int, dict] = {}
+        self._active: list[int] = []
+        self._next = 0
+        self.released: list[int] = []
+
+    def submit_group(self, request, n: int) -> list[int]:
+        ids = []
+        for i in range(n):
+            sid = self._next
+            self._next += 1
+            self._seqs[sid] = dict(prompt=list(request.prompt), child=i, turn=0, tokens=list(request.prompt),
+                                   max_new=request.max_new_tokens, stops=set(request.stop_token_ids))
+            self._active.append(sid)
+            ids.append(sid)
+        return ids
+
+    def resume(self, seq_id: int, tokens, *, max_new_tokens: int) -> None:
+        s = self._seqs[seq_id]
+        s["tokens"].extend(tokens)
+        s["turn"] += 1
+        s["max_new"] = max_new_tokens
+        self._active.append(seq_id)
+
+    def release(self, seq_id: int) -> None:
+        self._seqs.pop(seq_id)
+        self.released.append(seq_id)
+
+    def has_work(self) -> bool:
+        return bool(self._active)
+
+    def step(self) -> list[StopEvent]:
+        events = []
+        for sid in self._active:
+            s = self._seqs[sid]
+            ids = self.tok.encode(self.script(s["prompt"], s["child"], s["turn"]))
+            reason = "stop_token"
+            if self.honor_stops:
+                for i, t in enumerate(ids):
+                    if t in s["stops"]:
+                        ids = ids[: i + 1]
+                        break
+            if len(ids) > s["max_new"]:
+                ids, reason = ids[: s["max_new"]], "max_new_tokens"
+            s["tokens"].extend(ids)
+            events.append(StopEvent(sid, ids, [-0.5] * len(ids), reason))
+        self._active = []
+        return events
+
+    def stats(self) -> dict:
+        used = sum(-(-len(s["tokens"]) // self.cfg.page_size) for s in self._seqs.values())
+        return dict(preemptions=0, kv_pages_in_use=used)
