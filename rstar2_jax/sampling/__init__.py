@@ -1,0 +1,24 @@
+"""Generation: a paged-KV continuous-batching engine, samplers, and a dense baseline.
+
+* ``page_table``: host-side ref-counted pages (``PageTable``), fork with copy-on-write.
+* ``kv_cache``: device-side page arrays and paged attention (pure JAX reference + kernel hook).
+* ``sampling_fns``: frozen-dataclass samplers; log-probs are the policy's (temperature 1).
+* ``engine``: ``PagedEngine`` (submit / submit_group / step / resume / release).
+* ``dense_sampler``: static-batch dense-cache sampler and a naive recompute decoder (comparison).
+"""
+
+from rstar2_jax.sampling.dense_sampler import DenseSampler, naive_generate
+from rstar2_jax.sampling.engine import (STOP_REASONS, EngineConfig, PagedEngine, Request, StopEvent,
+                                        child_key_data, key_data)
+from rstar2_jax.sampling.kv_cache import (ATTENTION_IMPLS, copy_pages, init_cache, page_bytes, paged_attention,
+                                          pages_for_budget, write_kv)
+from rstar2_jax.sampling.page_table import NULL_PAGE, OutOfPages, PageTable
+from rstar2_jax.sampling.sampling_fns import (Greedy, RowParams, Sampler, Temperature, TopK, TopP,
+                                              policy_logprobs, sample_rows)
+
+__all__ = [
+    "ATTENTION_IMPLS", "DenseSampler", "EngineConfig", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
+    "PagedEngine", "Request", "RowParams", "STOP_REASONS", "Sampler", "StopEvent", "Temperature", "TopK", "TopP",
+    "child_key_data", "copy_pages", "init_cache", "key_data", "naive_generate", "page_bytes", "paged_attention",
+    "pages_for_budget", "policy_logprobs", "sample_rows", "write_kv",
+]
