@@ -1,0 +1,313 @@
+"""One call, in a worker's init: fork a fresh child, feed stdin, drain output, enforce limits, kill the tree.
+
+The init is pid 1 of the worker's pid namespace when the OS allows: every process a call leaves behind
+(daemons, double forks, ``setsid``) is then its descendant, and ``kill(-1, SIGKILL)`` ends them all without
+touching the init. Without a pid namespace the init is a child subreaper and kills the call's process
+group plus every descendant it finds under /proc.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import select
+import shutil
+import signal
+import time
+
+from . import wrapper
+from .isolation import WRITABLE_DIRS, Confinement
+
+_CHUNK = 1 << 16
+_SETUP_FAILED = 120  # exit status of a child whose confinement failed (it never ran user code)
+_SETUP_MARK = b"sandbox setup failed: "
+_MEMORY_LINE = re.compile(rb"^[\w.]*MemoryError\b")
+_MAX_FD = 1 << 20
+_IN, _HUP = select.POLLIN | select.POLLPRI, select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
+def _descendants(root: int) -> list[int]:
+    """Pids below ``root`` (via /proc/<pid>/task/<tid>/children; a scan of /proc/*/stat otherwise)."""
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        kids: list[int] = []
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/children") as f:
+                    kids.extend(int(k) for k in f.read().split())
+        except OSError:
+            continue
+        found.extend(kids)
+        todo.extend(kids)
+    return found
+
+
+class Executor:
+    """Runs calls one at a time in forked children of the current process (the worker's init)."""
+
+    def __init__(self, *, confinement: Confinement, workdir: str, pid_ns: bool, private_tmp: bool,
+                 output_bytes: int, scrub_uid: int | None) -> None:
+        self.confinement = confinement
+        self.workdir = workdir
+        self.pid_ns = pid_ns and os.getpid() == 1  # kill(-1) is only safe as the namespace's init
+        self.private_tmp = private_tmp
+        self.cap = output_bytes
+        self.scrub_uid = scrub_uid  # without private tmpfs: remove files this uid left in WRITABLE_DIRS
+        self.owner = confinement.ids
+        self.poller = select.poll()
+        self.devnull = os.open(os.devnull, os.O_RDONLY)  # stdin of a call given none: EOF at once
+        self._fresh_workdir()
+
+    # ---------------------------------------------------------------- one call
+    def run(self, code: str, stdin: bytes, wrap: bool, wall_s: float, cpu_s: float) -> tuple:
+        """Returns (status, stdout bytes, stderr bytes, exit_code, duration_s, truncated)."""
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        if stdin:
+            in_r, in_w = os.pipe()
+        else:
+            in_r, in_w = self.devnull, -1
+        t0 = time.monotonic()
+        pid = os.fork()
+        if pid == 0:  # the call's process: never returns
+            self._child(in_r, out_w, err_w, code, wrap, cpu_s)
+        os.close(out_w)
+        os.close(err_w)
+        if in_w >= 0:
+            os.close(in_r)
+            os.set_blocking(in_w, False)
+        try:
+            pidfd = os.pidfd_open(pid)
+        except (AttributeError, OSError):
+            pidfd = None
+        out, err = bytearray(), bytearray()
+        bufs = {out_r: out, err_r: err}
+        os.set_blocking(out_r, False)
+        os.set_blocking(err_r, False)
+        reason, exited = self._drain(pid, pidfd, in_w, memoryview(stdin), bufs, t0 + wall_s)
+        if exited is None:  # still running: timeout or too much output
+            self._kill_all(pid)
+            _, status, rusage = os.wait4(pid, 0)
+        else:
+            status, rusage = exited
+        duration = time.monotonic() - t0
+        self._reap_rest(pid)
+        for fd, buf in bufs.items():  # every writer is dead now: read what is left
+            if self._read_some(fd, buf, until_eof=True)[0] and reason is None:
+                reason = "output"
+            os.close(fd)
+        if pidfd is not None:
+            os.close(pidfd)
+        self._clean_files()
+        exit_code = os.waitstatus_to_exitcode(status)
+        truncated = len(out) > self.cap or len(err) > self.cap
+        if truncated:
+            del out[self.cap:], err[self.cap:]
+        result_status = self._status(reason, exit_code, rusage, cpu_s, err)
+        if result_status == "sandbox_error":
+            exit_code = None
+        return result_status, bytes(out), bytes(err), exit_code, duration, truncated
+
+    def _child(self, in_r: int, out_w: int, err_w: int, code: str, wrap: bool, cpu_s: float) -> None:
+        status = _SETUP_FAILED
+        try:
+            os.dup2(in_r, 0)
+            os.dup2(out_w, 1)
+            os.dup2(err_w, 2)
+            os.closerange(3, _MAX_FD)
+            try:
+                if not self.pid_ns:
+                    os.setpgid(0, 0)
+                self.confinement.apply(cpu_s)
+                os.chdir(self.workdir)
+            except BaseException as exc:  # noqa: BLE001 - never run user code half-confined
+                os.write(2, _SETUP_MARK + repr(exc).encode())
+                os._exit(_SETUP_FAILED)
+            status = wrapper.execute(code, wrap)
+        finally:
+            os._exit(status)
+
+    def _drain(self, pid, pidfd, in_w, pending, bufs, deadline):
+        """Poll until the child exits, the deadline passes, or the output cap is hit.
+
+        Returns (reason, exited): reason None | "timeout" | "output"; exited (status, rusage) or None.
+        """
+        poller = self.poller
+        live = set(bufs)
+        for fd in live:
+            poller.register(fd, _IN)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        in_open = in_w >= 0
+        if in_open:
+            poller.register(in_w, select.POLLOUT)
+        reason, exited = None, None
+        try:
+            while reason is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    reason = "timeout"
+                    break
+                wait_ms = left * 1000.0 + 1.0 if pidfd is not None else min(left * 1000.0 + 1.0, 2.0)
+                child_done = pidfd is None
+                for fd, ev in poller.poll(wait_ms):
+                    if fd == pidfd:
+                        child_done = True
+                    elif fd == in_w:
+                        pending, in_open = self._feed(in_w, pending, ev)
+                        if not in_open:
+                            poller.unregister(in_w)
+                    else:
+                        over, eof = self._read_some(fd, bufs[fd], until_eof=False)
+                        if over:
+                            reason = "output"
+                        elif eof:
+                            live.discard(fd)
+                            poller.unregister(fd)
+                if child_done and reason is None:
+                    got, status, rusage = os.wait4(pid, os.WNOHANG)
+                    if got:
+                        exited = (status, rusage)
+                        break
+        finally:
+            for fd in (*live, pidfd, in_w if in_open else None):
+                if fd is not None:
+                    try:
+                        poller.unregister(fd)
+                    except KeyError:
+                        pass
+            if in_open:
+                os.close(in_w)
+        return reason, exited
+
+    @staticmethod
+    def _feed(in_w: int, pending: memoryview, ev: int) -> tuple[memoryview, bool]:
+        if ev & select.POLLOUT:
+            try:
+                pending = pending[os.write(in_w, pending[:_CHUNK]):]
+            except BlockingIOError:
+                return pending, True
+            except OSError:  # the child closed stdin
+                pending = pending[:0]
+        elif ev & _HUP:
+            pending = pending[:0]
+        if len(pending):
+            return pending, True
+        os.close(in_w)
+        return pending, False
+
+    def _read_some(self, fd: int, buf: bytearray, until_eof: bool) -> tuple[bool, bool]:
+        """Read what is there (everything up to EOF if ``until_eof``). Returns (over the cap, at EOF)."""
+        while True:
+            try:
+                chunk = os.read(fd, _CHUNK)
+            except BlockingIOError:
+                return False, False
+            except OSError:
+                return False, True
+            if not chunk:
+                return False, True
+            buf += chunk
+            if len(buf) > self.cap:
+                return True, False
+            if not until_eof and len(chunk) < _CHUNK:
+                return False, False
+
+    # ---------------------------------------------------------------- the process tree
+    def _kill_all(self, pid: int) -> None:
+        if self.pid_ns:
+            try:
+                os.kill(-1, signal.SIGKILL)  # everything in our pid namespace except us
+            except ProcessLookupError:
+                pass
+            return
+        for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                target()
+            except OSError:
+                pass
+        for child in _descendants(os.getpid()):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except OSError:
+                pass
+
+    def _reap_rest(self, pid: int) -> None:
+        """Kill and reap every other process the call left (orphans are re-parented to us)."""
+        deadline = None
+        while True:
+            try:
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+            except ChildProcessError:
+                return  # the usual case: nothing left, one syscall
+            if deadline is None:
+                deadline = time.monotonic() + 10.0
+            elif time.monotonic() > deadline:
+                raise RuntimeError("a call's processes survived SIGKILL for 10 s")
+            self._kill_all(pid)
+            time.sleep(0.0002)
+
+    # ---------------------------------------------------------------- files
+    def _fresh_workdir(self) -> None:
+        os.mkdir(self.workdir, 0o700)
+        if self.owner is not None:
+            os.chown(self.workdir, *self.owner)
+
+    def _clean_files(self) -> None:
+        """Remove what the call wrote: its work dir and anything in the (private or shared) temp dirs."""
+        try:
+            os.rmdir(self.workdir)
+        except OSError:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        if self.private_tmp:
+            for base in WRITABLE_DIRS:
+                try:
+                    entries = list(os.scandir(base))
+                except OSError:
+                    continue
+                for entry in entries:
+                    _remove(entry.path)
+        elif self.scrub_uid is not None:
+            for base in WRITABLE_DIRS:
+                try:
+                    entries = list(os.scandir(base))
+                except OSError:
+                    continue
+                for entry in entries:
+                    try:
+                        if entry.stat(follow_symlinks=False).st_uid == self.scrub_uid:
+                            _remove(entry.path)
+                    except OSError:
+                        pass
+        self._fresh_workdir()
+
+    # ---------------------------------------------------------------- status
+    def _status(self, reason, exit_code: int, rusage, cpu_s: float, err: bytearray) -> str:
+        if reason == "timeout":
+            return "timeout"
+        if reason == "output":
+            return "output_limit"
+        if exit_code == 0:
+            return "ok"
+        if exit_code == _SETUP_FAILED and err.startswith(_SETUP_MARK):
+            return "sandbox_error"
+        if exit_code in (-signal.SIGKILL, -signal.SIGXCPU):
+            cpu_limit = max(1, -(-cpu_s // 1))
+            if rusage.ru_utime + rusage.ru_stime >= cpu_limit - 0.05:
+                return "timeout"
+        lines = bytes(err).rstrip().rsplit(b"\n", 1)
+        if exit_code > 0 and lines and _MEMORY_LINE.match(lines[-1]):
+            return "memory"
+        return "runtime_error"
+
+
+def _remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,292 @@
+"""Isolation of the calls: namespaces (once per worker), private mounts, and the per-call confinement.
+
+Layers, each used where the OS allows and reported in ``Isolation``:
+
+* namespaces, entered once per worker: pid (the worker's init is pid 1; a call cannot see or signal other
+  calls or the host, and ``kill(-1)`` from the init ends every leftover process of a call), net (no
+  interface is up: no network), ipc (SysV IPC disabled), mount (private tmpfs on the world-writable
+  directories, wiped after each call, and a /proc that shows only the namespace). As root the namespaces
+  are created directly; otherwise inside a new user namespace.
+* per call, in the forked child: rlimits (address space, CPU, file size, processes, open files, no core
+  files), the uid/gid drop to ``SandboxLimits.user`` when running as root (capabilities dropped otherwise),
+  ``PR_SET_NO_NEW_PRIVS``, and ``PR_SET_PDEATHSIG``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import pwd
+import resource
+import signal
+import stat
+import sys
+
+from . import syscalls as sc
+from .limits import SandboxLimits
+
+CLONE_NEWIPC = 0x08000000
+WRITABLE_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # world-writable: private tmpfs each
+_THREAD_VARS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+                "VECLIB_MAXIMUM_THREADS", "BLIS_NUM_THREADS", "GOTO_NUM_THREADS")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Isolation:
+    """What a worker achieved (all workers of a pool report the same on one machine)."""
+
+    pid_ns: bool = False
+    net_ns: bool = False
+    ipc_ns: bool = False
+    mount_ns: bool = False
+    user_ns: bool = False  # namespaces created inside a user namespace (pool not root)
+    private_tmp: bool = False  # tmpfs on WRITABLE_DIRS, wiped after each call
+    private_proc: bool = False
+    uid: int | None = None  # uid the calls run as after the drop; None: no drop (pool not root)
+    user: str | None = None
+    exposed: tuple[str, ...] = ()  # private-to-others dirs (e.g. /root) replaced by a view of the Python install
+    stdlib_readable: bool = True  # the calls can import stdlib modules that are not preloaded
+
+    @property
+    def mode(self) -> str:
+        """Short summary, e.g. ``namespaces(pid,net,ipc,mnt)+uid(nobody)``; ``rlimits-only`` at worst."""
+        names = [n for n, on in (("user", self.user_ns), ("pid", self.pid_ns), ("net", self.net_ns),
+                                 ("ipc", self.ipc_ns), ("mnt", self.mount_ns)) if on]
+        parts = [f"namespaces({','.join(names)})"] if names else []
+        if self.uid is not None:
+            parts.append(f"uid({self.user})")
+        return "+".join(parts) if parts else "rlimits-only"
+
+
+def base_environment() -> dict[str, str]:
+    """The whole environment of a worker's init and of every call: nothing from the parent."""
+    env = {
+        "PATH": os.pathsep.join(dict.fromkeys([os.path.dirname(sys.executable), "/usr/local/bin",
+                                               "/usr/bin", "/bin"])),
+        "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": "utf-8", "PYTHONDONTWRITEBYTECODE": "1",
+        "MPLBACKEND": "Agg", "HOME": "/tmp", "TMPDIR": "/tmp", "USER": "sandbox",
+    }
+    env.update({name: "1" for name in _THREAD_VARS})
+    return env
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _probe_user_ns(flags: int) -> bool:
+    """Try the user-namespace variant in a throwaway child: a failed uid map cannot be undone."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            _enter_user_ns(flags)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status) == 0
+
+
+def _enter_user_ns(flags: int) -> None:
+    uid, gid = os.geteuid(), os.getegid()
+    sc.unshare(sc.CLONE_NEWUSER | flags)
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"0 {uid} 1")
+    _write("/proc/self/gid_map", f"0 {gid} 1")
+
+
+def enter_namespaces(network: bool) -> dict[str, bool]:
+    """In a worker before it forks its init: unshare namespaces (the next child is their pid 1).
+
+    Tries the full set, then smaller ones; never raises. Returns which namespaces are now in effect.
+    """
+    net = 0 if network else sc.CLONE_NEWNET
+    full = sc.CLONE_NEWPID | sc.CLONE_NEWNS | CLONE_NEWIPC | net
+    candidates = [full, sc.CLONE_NEWPID | sc.CLONE_NEWNS | net, sc.CLONE_NEWPID | sc.CLONE_NEWNS, sc.CLONE_NEWNS]
+    chosen, user_ns = 0, False
+    if os.geteuid() == 0:
+        for flags in candidates:
+            try:
+                sc.unshare(flags)
+                chosen = flags
+                break
+            except OSError:
+                continue
+    else:
+        for flags in candidates[:2]:
+            try:
+                if _probe_user_ns(flags):
+                    _enter_user_ns(flags)
+                    chosen, user_ns = flags, True
+                    break
+            except OSError:
+                continue
+    return {"pid_ns": bool(chosen & sc.CLONE_NEWPID), "net_ns": bool(chosen & sc.CLONE_NEWNET),
+            "ipc_ns": bool(chosen & CLONE_NEWIPC), "mount_ns": bool(chosen & sc.CLONE_NEWNS),
+            "user_ns": user_ns}
+
+
+_NEVER_COVER = ("/", "/proc", "/sys", "/dev", "/etc", "/usr", "/bin", "/lib", "/lib64", "/var", "/run",
+                *WRITABLE_DIRS)
+COMMON_STDLIB = ("abc", "array", "ast", "base64", "bisect", "calendar", "cmath", "collections", "contextlib",
+                 "copy", "csv", "dataclasses", "datetime", "decimal", "enum", "fractions", "functools", "glob",
+                 "hashlib", "heapq", "inspect", "io", "itertools", "json", "math", "multiprocessing",
+                 "multiprocessing.pool", "multiprocessing.popen_fork", "concurrent.futures", "numbers",
+                 "operator", "pathlib", "pprint", "queue", "random", "re", "secrets", "shutil", "signal",
+                 "statistics", "string", "struct", "subprocess", "tempfile", "textwrap", "threading", "time",
+                 "traceback", "typing", "unicodedata", "warnings", "zlib")
+
+
+def blocked_ancestor(path: str) -> str | None:
+    """Topmost directory on ``path`` that other users cannot traverse (no ``o+x``), if any."""
+    current = ""
+    for part in path.strip("/").split("/"):
+        current += "/" + part
+        try:
+            mode = os.stat(current).st_mode
+        except OSError:
+            return None
+        if stat.S_ISDIR(mode) and not mode & stat.S_IXOTH:
+            return current
+    return None
+
+
+def python_paths() -> list[str]:
+    """Directories a call needs to import what was not preloaded and to run ``sys.executable``."""
+    paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)), *sys.path}
+    real = sorted({os.path.realpath(p) for p in paths if p and os.path.isdir(p)})
+    return [p for p in real if not any(p.startswith(q + "/") for q in real if q != p)]
+
+
+def expose_python(paths: list[str]) -> tuple[str, ...]:
+    """In the private mount namespace: where a path's ancestor is closed to other users (a Python under
+    /root), cover that ancestor with an empty tmpfs and bind the needed paths back in. Returns the covered
+    ancestors. The rest of such a directory (e.g. the rest of /root) becomes invisible to the calls."""
+    groups: dict[str, list[str]] = {}
+    for path in paths:
+        top = blocked_ancestor(path)
+        if top is None or top == path or top in _NEVER_COVER or any(
+                top == d or top.startswith(d + "/") for d in WRITABLE_DIRS):
+            continue
+        groups.setdefault(top, []).append(path)
+    covered = []
+    for top, inner in groups.items():
+        fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in inner]
+        try:
+            sc.mount("tmpfs", top, "tmpfs", sc.MS_NOSUID | sc.MS_NODEV, "size=1m,mode=0755")
+            for path, fd in zip(inner, fds):
+                os.makedirs(path, 0o755, exist_ok=True)
+                sc.mount(f"/proc/self/fd/{fd}", path, None, sc.MS_BIND | sc.MS_REC)
+            covered.append(top)
+        except OSError:
+            continue
+        finally:
+            for fd in fds:
+                os.close(fd)
+    return tuple(covered)
+
+
+def stdlib_readable() -> bool:
+    """Whether other users can reach the standard library (else: preload COMMON_STDLIB)."""
+    return blocked_ancestor(os.path.realpath(os.path.dirname(os.__file__))) is None
+
+
+def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> tuple[bool, bool, tuple[str, ...]]:
+    """In the init, after preloading: private tmpfs on WRITABLE_DIRS, the Python install made reachable
+    (``expose_python``), and a fresh /proc.
+
+    Returns (private_tmp, private_proc, exposed). Done after the preload so modules under /tmp still import.
+    """
+    if not ns.get("mount_ns"):
+        return False, False, ()
+    try:
+        sc.mount("none", "/", None, sc.MS_REC | sc.MS_PRIVATE)
+    except OSError:
+        return False, False, ()
+    private_tmp = True
+    for path in WRITABLE_DIRS:
+        if os.path.isdir(path) and not os.path.islink(path):
+            try:
+                sc.mount("tmpfs", path, "tmpfs", sc.MS_NOSUID | sc.MS_NODEV,
+                         f"size={limits.tmpfs_mb}m,mode=1777")
+            except OSError:
+                private_tmp = private_tmp and path != "/tmp"
+    exposed = expose_python(python_paths()) if os.geteuid() == 0 else ()
+    private_proc = False
+    if ns["pid_ns"]:
+        try:
+            sc.mount("proc", "/proc", "proc", sc.MS_NOSUID | sc.MS_NODEV | sc.MS_NOEXEC)
+            private_proc = True
+        except OSError:
+            pass
+    if ns["ipc_ns"] and private_proc:  # SysV IPC objects would outlive a call: allow none
+        for name, value in (("shmmni", "0"), ("msgmni", "0"), ("sem", "0 0 0 0")):
+            try:
+                _write(f"/proc/sys/kernel/{name}", value)
+            except OSError:
+                pass
+    return private_tmp, private_proc, exposed
+
+
+def resolve_user(limits: SandboxLimits) -> tuple[int, int] | None:
+    """(uid, gid) to drop to when this process is root, else None."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        entry = pwd.getpwnam(limits.user)
+    except KeyError:
+        raise ValueError(f"SandboxLimits.user {limits.user!r} does not exist on this machine") from None
+    if entry.pw_uid == 0:
+        raise ValueError(f"SandboxLimits.user {limits.user!r} must not be root")
+    return entry.pw_uid, entry.pw_gid
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Confinement:
+    """Precomputed per-call confinement; ``apply`` runs in the forked child before the user's code.
+
+    Kept to a few syscalls: every Python object a forked child touches costs a copy-on-write page fault.
+    """
+
+    rlimits: tuple[tuple[int, int], ...]
+    ids: tuple[int, int] | None
+    drop_caps: bool
+    dumpable: bool  # re-enable after the uid change (only where no process outside the pid ns can see us)
+    pdeathsig: bool  # needed without a pid namespace (with one, the kernel ends it with its init)
+
+    @classmethod
+    def build(cls, limits: SandboxLimits, ids: tuple[int, int] | None, isolation: Isolation) -> "Confinement":
+        mib = 1 << 20
+        rl = [(resource.RLIMIT_AS, limits.memory_mb * mib), (resource.RLIMIT_FSIZE, limits.fsize_mb * mib),
+              (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, limits.nofile)]
+        if ids is not None or isolation.user_ns:  # RLIMIT_NPROC binds only without root privileges
+            rl.append((resource.RLIMIT_NPROC, limits.nproc))
+        return cls(tuple(rl), ids, drop_caps=ids is None and isolation.user_ns,
+                   dumpable=isolation.pid_ns and ids is not None, pdeathsig=not isolation.pid_ns)
+
+    @staticmethod
+    def prepare_init() -> None:
+        """Once in the init: no call can gain privileges through exec (inherited by every fork)."""
+        sc.prctl(sc.PR_SET_NO_NEW_PRIVS, 1)
+
+    def apply(self, cpu_s: float) -> None:
+        setrlimit = resource.setrlimit
+        for res, value in self.rlimits:
+            setrlimit(res, (value, value))
+        cpu = max(1, math.ceil(cpu_s))
+        setrlimit(resource.RLIMIT_CPU, (cpu, cpu))  # soft == hard: the kernel sends SIGKILL
+        if self.ids is not None:
+            uid, gid = self.ids
+            os.setgroups([])
+            os.setresgid(gid, gid, gid)
+            os.setresuid(uid, uid, uid)
+        elif self.drop_caps:
+            sc.drop_capabilities()
+        if self.dumpable:  # the uid change made /proc/self root-owned; nothing outside the pid ns sees us
+            sc.prctl(sc.PR_SET_DUMPABLE, 1)
+        if self.pdeathsig:  # after the uid change, which clears it
+            sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)

@@ -1,0 +1,119 @@
+"""Value types of the sandbox: limits of a call, a request, and its result.
+
+Plain dataclasses only (no process machinery), so every layer can import them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+
+STATUSES = ("ok", "runtime_error", "timeout", "memory", "output_limit", "sandbox_error")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+def _check_positive(obj: object, name: str, kind: type) -> None:
+    value = getattr(obj, name)
+    ok = isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool)
+    if not ok or not value > 0 or (kind is float and not math.isfinite(value)):
+        raise ValueError(f"{type(obj).__name__}.{name} must be a positive finite {kind.__name__}, "
+                         f"got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SandboxLimits:
+    """Resource limits of one call and the setup of the workers that run calls.
+
+    Defaults suit math tool calls: ``import numpy, scipy, sympy`` fits in ``memory_mb``.
+    """
+
+    wall_s: float = 5.0  # wall-clock limit per call, enforced by the worker (SIGKILL of the call's tree)
+    cpu_s: float = 5.0  # CPU seconds per process of the call (RLIMIT_CPU, whole seconds, rounded up)
+    memory_mb: int = 1024  # address-space cap per process (RLIMIT_AS), MiB
+    fsize_mb: int = 16  # largest file a call may write (RLIMIT_FSIZE), MiB
+    tmpfs_mb: int = 64  # size of each private tmpfs (/tmp, /var/tmp, /dev/shm) in namespace mode, MiB
+    nproc: int = 64  # processes+threads of the sandbox uid (RLIMIT_NPROC; needs the uid drop when root)
+    nofile: int = 256  # open file descriptors per process (RLIMIT_NOFILE)
+    output_bytes: int = 1 << 20  # cap per stream (stdout, stderr); more -> status "output_limit"
+    recursion_limit: int = 4000  # sys.setrecursionlimit in the call
+    int_max_str_digits: int = 100_000  # sys.set_int_max_str_digits in the call
+    preload: tuple[str, ...] = ("numpy", "sympy")  # modules imported once per worker
+    network: bool = False  # False: own network namespace (no interfaces up) where the OS allows
+    namespaces: bool = True  # False: skip all namespaces (uid drop + rlimits only; for tests/odd kernels)
+    user: str = "nobody"  # uid/gid the call drops to when the pool runs as root
+    startup_timeout_s: float = 120.0  # a worker that is not ready by then is a startup failure
+    grace_s: float = 5.0  # extra wait on the worker beyond a call's wall limit before declaring it dead
+
+    def __post_init__(self) -> None:
+        for name in ("wall_s", "cpu_s", "startup_timeout_s", "grace_s"):
+            _check_positive(self, name, float)
+        for name in ("memory_mb", "fsize_mb", "tmpfs_mb", "nproc", "nofile", "output_bytes",
+                     "recursion_limit", "int_max_str_digits"):
+            _check_positive(self, name, int)
+        if self.nofile < 16:
+            raise ValueError(f"SandboxLimits.nofile must be >= 16, got {self.nofile!r}")
+        if self.recursion_limit < 100:
+            raise ValueError(f"SandboxLimits.recursion_limit must be >= 100, got {self.recursion_limit!r}")
+        if self.int_max_str_digits < 640:  # CPython's minimum
+            raise ValueError(f"SandboxLimits.int_max_str_digits must be >= 640, got {self.int_max_str_digits!r}")
+        if not isinstance(self.preload, tuple) or not all(
+                isinstance(m, str) and _MODULE.match(m) for m in self.preload):
+            raise ValueError(f"SandboxLimits.preload must be a tuple of dotted module names, got {self.preload!r}")
+        for name in ("network", "namespaces"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"SandboxLimits.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.user, str) or not self.user:
+            raise ValueError(f"SandboxLimits.user must be a non-empty user name, got {self.user!r}")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CodeRequest:
+    """One piece of Python code to run, with its stdin.
+
+    ``wrap=True`` runs it notebook-like (the last expression is printed with ``repr``; an exception prints
+    ``Name at line N: message`` to stderr and exits 1); ``wrap=False`` runs it like ``python -c``.
+    ``timeout_s`` overrides ``SandboxLimits.wall_s`` (and raises the CPU limit to match when larger).
+    """
+
+    code: str
+    stdin: str = ""
+    wrap: bool = True
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.code, str):
+            raise ValueError(f"CodeRequest.code must be a str, got {type(self.code).__name__}")
+        if not isinstance(self.stdin, str):
+            raise ValueError(f"CodeRequest.stdin must be a str, got {type(self.stdin).__name__}")
+        if not isinstance(self.wrap, bool):
+            raise ValueError(f"CodeRequest.wrap must be a bool, got {self.wrap!r}")
+        if self.timeout_s is not None:
+            _check_positive(self, "timeout_s", float)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class CodeResult:
+    """What a call produced.
+
+    status: one of ``STATUSES``. exit_code: the process's exit status, negative for a signal, ``None`` when
+    there was no process (sandbox_error). duration_s: wall time of the call in the worker, seconds.
+    truncated: output was cut at ``SandboxLimits.output_bytes`` (status ``output_limit``).
+    stdout/stderr are decoded as UTF-8 with invalid bytes replaced.
+    """
+
+    status: str
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    duration_s: float
+    truncated: bool
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"CodeResult.status must be one of {STATUSES}, got {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        """True when the code ran to completion with exit status 0."""
+        return self.status == "ok"

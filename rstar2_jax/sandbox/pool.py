@@ -1,0 +1,362 @@
+"""SandboxPool: run untrusted Python tool calls in isolated, pre-warmed worker processes.
+
+Usage::
+
+    from rstar2_jax.sandbox import CodeRequest, SandboxLimits, SandboxPool
+
+    with SandboxPool(workers=4, limits=SandboxLimits(wall_s=5.0)) as pool:
+        pool.run(CodeRequest(code="import sympy\\nsympy.factorint(360)")).stdout   # '{2: 3, 3: 2, 5: 1}\\n'
+        pool.run_batch([CodeRequest(code="input()", stdin="hi")])                 # results in order
+        future = pool.submit(CodeRequest(code="1+1"))                             # concurrent.futures
+        result = await pool.run_async(CodeRequest(code="1+1"))                    # asyncio
+
+What a user should know:
+
+* Workers are spawned with ``multiprocess`` (never forked from the caller, so a JAX-loaded, multithreaded
+  parent is safe) and exec a clean interpreter: no environment variable and no memory of the parent
+  reaches a call. Each worker imports ``limits.preload`` (numpy, sympy by default; any importable module
+  works) once; every call is a fresh fork of it (no state leaks between calls), so ``import sympy`` costs
+  nothing. BLAS is single-threaded (``OPENBLAS_NUM_THREADS=1`` etc.); ``MPLBACKEND=Agg``.
+* Isolation (``pool.isolation`` / ``stats()["isolation"]``), each layer where the OS allows: per-worker
+  pid, net, ipc and mount namespaces (created once, so not paid per call; no network; private tmpfs
+  /tmp, /var/tmp, /dev/shm wiped after every call); a uid drop to ``limits.user`` (``nobody``) with
+  ``PR_SET_NO_NEW_PRIVS`` when the pool runs as root (as non-root: a user namespace instead, or only
+  rlimits). Rlimits per call: address space, CPU, file size, processes (per uid: shared by all calls
+  running as that uid on the machine), open files. The wall limit is enforced by the worker with SIGKILL
+  of the call's whole process tree; leftovers (daemons, double forks) are killed when the call ends.
+* Statuses: ``ok``, ``runtime_error`` (non-zero exit or signal), ``timeout`` (wall or CPU limit),
+  ``memory`` (the call ended on a ``MemoryError``), ``output_limit`` (a stream exceeded
+  ``limits.output_bytes``; the call is killed and ``truncated`` is set), ``sandbox_error`` (the worker
+  died or failed; it is replaced). Every submitted request gets exactly one result.
+* A pool runs at most ``workers`` calls at once (one per core is a good default) and queues the rest;
+  ``close()`` lets queued calls finish (``close(cancel_pending=True)`` answers them with
+  ``sandbox_error`` instead). Preloaded modules are imported before the private /tmp is mounted; a module
+  that lazily imports files under /tmp later will not find them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import os
+import marshal
+import queue
+import signal
+import sys
+import threading
+import time
+from typing import Sequence
+
+import multiprocess
+from multiprocess import spawn as _mp_spawn
+
+from . import worker
+from .isolation import Isolation
+from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits
+
+_tls = threading.local()
+
+
+def _install_spawn_hook() -> None:
+    """Let this module's spawns skip re-importing the caller's ``__main__`` (a training script with JAX).
+
+    Only spawns made while ``_tls.bare`` is set in the current thread are affected.
+    """
+    original = _mp_spawn.get_preparation_data
+    if getattr(original, "_rstar2_bare", False):
+        return
+
+    def get_preparation_data(name):
+        data = original(name)
+        if getattr(_tls, "bare", False):
+            data.pop("init_main_from_name", None)
+            data.pop("init_main_from_path", None)
+        return data
+
+    get_preparation_data._rstar2_bare = True
+    _mp_spawn.get_preparation_data = get_preparation_data
+
+
+_install_spawn_hook()
+
+
+def _error_result(message: str, duration_s: float = 0.0) -> CodeResult:
+    return CodeResult("sandbox_error", "", message, None, duration_s, False)
+
+
+class _Worker:
+    """Parent-side handle of one worker: the spawned process and the pipe to its init."""
+
+    def __init__(self, ctx, limits: SandboxLimits, slot: int) -> None:
+        parent_conn, child_conn = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=worker.serve, args=(child_conn, os.getpid(), limits.network, limits.namespaces),
+                                daemon=True, name=f"rstar2-sandbox-{slot}")
+        self.conn = parent_conn
+        self.init_pid: int | None = None
+        _tls.bare = True
+        try:
+            self.proc.start()
+        finally:
+            _tls.bare = False
+        child_conn.close()
+        try:
+            sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]
+            config = {"limits": dataclasses.asdict(limits), "sys_path": sys_path}
+            self.conn.send_bytes(marshal.dumps(("config", config)))
+            if not self.conn.poll(limits.startup_timeout_s):
+                raise RuntimeError(f"sandbox worker not ready within {limits.startup_timeout_s} s")
+            kind, info = marshal.loads(self.conn.recv_bytes())
+        except EOFError:
+            self.kill()
+            raise RuntimeError("sandbox worker died during startup") from None
+        except BaseException:
+            self.kill()
+            raise
+        if kind != "ready":
+            self.kill()
+            raise RuntimeError(f"sandbox worker failed to start: {info}")
+        self.isolation = Isolation(**info["isolation"])
+        self.init_pid = info["host_pid"]
+
+    def call(self, req: CodeRequest, limits: SandboxLimits) -> CodeResult:
+        """One call; raises (EOFError, OSError, TimeoutError, RuntimeError) when the worker is unusable."""
+        wall = limits.wall_s if req.timeout_s is None else float(req.timeout_s)
+        cpu = limits.cpu_s if req.timeout_s is None else max(limits.cpu_s, wall)
+        self.conn.send_bytes(marshal.dumps(
+            ("run", req.code, req.stdin.encode("utf-8", "replace"), req.wrap, wall, cpu)))
+        if not self.conn.poll(wall + limits.grace_s):
+            raise TimeoutError(f"worker gave no result {limits.grace_s} s after the wall limit")
+        message = marshal.loads(self.conn.recv_bytes())
+        if message[0] != "result":
+            raise RuntimeError(f"worker failed: {message[1]}")
+        _, status, out, err, exit_code, duration, truncated = message
+        return CodeResult(status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
+                          exit_code, duration, truncated)
+
+    def pids(self) -> list[int]:
+        return [p for p in (self.proc.pid, self.init_pid) if p is not None]
+
+    def alive(self) -> bool:
+        return self.proc.is_alive()
+
+    def stop(self) -> None:
+        """Ask the init to exit (it ends its namespaces), then make sure."""
+        try:
+            self.conn.send_bytes(marshal.dumps(("exit",)))
+        except OSError:
+            pass
+        self.proc.join(2.0)
+        self.kill()
+
+    def kill(self) -> None:
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        self.proc.join(5.0)
+        try:
+            self.conn.close()
+        except OSError:
+            pass
+
+
+class _Slot(threading.Thread):
+    """Owns one worker: takes requests from the pool's queue, one at a time, and replaces a dead worker."""
+
+    def __init__(self, pool: "SandboxPool", index: int) -> None:
+        super().__init__(name=f"rstar2-sandbox-slot-{index}", daemon=True)
+        self.pool, self.index = pool, index
+        self.worker: _Worker | None = None
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+
+    def _start_worker(self) -> None:
+        self.worker = None
+        self.worker = _Worker(self.pool._ctx, self.pool.limits, self.index)
+        self.pool._note_isolation(self.worker.isolation)
+
+    def run(self) -> None:  # noqa: D401 - thread body
+        try:
+            self._start_worker()
+        except BaseException as exc:  # noqa: BLE001 - reported by the pool constructor
+            self.error = exc
+        self.ready.set()
+        pool = self.pool
+        while True:
+            item = pool._queue.get()
+            if item is None:
+                break
+            future, req, submitted = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            started = time.monotonic()
+            result = self._call(req)
+            pool._record(result, submitted, started)
+            future.set_result(result)
+        if self.worker is not None:
+            self.worker.stop()
+
+    def _call(self, req: CodeRequest) -> CodeResult:
+        if self.worker is None:
+            try:
+                self._start_worker()
+            except BaseException as exc:  # noqa: BLE001
+                return _error_result(f"sandbox worker could not start: {exc}")
+        t0 = time.monotonic()
+        try:
+            return self.worker.call(req, self.pool.limits)
+        except BaseException as exc:  # noqa: BLE001 - the worker is unusable: replace it
+            reason = "worker died" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
+            self.worker.kill()
+            self.pool._note_restart()
+            try:
+                self._start_worker()
+            except BaseException:  # noqa: BLE001 - retried on the next call
+                self.worker = None
+            return _error_result(f"sandbox error: {reason}", time.monotonic() - t0)
+
+
+class SandboxPool:
+    """A pool of ``workers`` sandbox workers sharing one FIFO queue of requests. See the module docstring."""
+
+    def __init__(self, workers: int = 2, limits: SandboxLimits = SandboxLimits()) -> None:
+        if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+            raise ValueError(f"SandboxPool.workers must be a positive int, got {workers!r}")
+        if not isinstance(limits, SandboxLimits):
+            raise ValueError(f"SandboxPool.limits must be a SandboxLimits, got {type(limits).__name__}")
+        self.limits = limits
+        self._ctx = multiprocess.get_context("spawn")
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._isolation: Isolation | None = None
+        self._calls = 0
+        self._restarts = 0
+        self._pending = 0
+        self._statuses = collections.Counter({s: 0 for s in STATUSES})
+        self._latency: collections.deque[float] = collections.deque(maxlen=10_000)  # dispatch -> result, s
+        self._wait: collections.deque[float] = collections.deque(maxlen=10_000)  # submit -> dispatch, s
+        self._slots = [_Slot(self, i) for i in range(workers)]
+        for slot in self._slots:
+            slot.start()
+        for slot in self._slots:
+            slot.ready.wait()
+        errors = [slot.error for slot in self._slots if slot.error is not None]
+        if errors:
+            self.close()
+            raise RuntimeError(f"SandboxPool could not start its workers: {errors[0]}") from errors[0]
+
+    # ------------------------------------------------------------------ submitting
+    def submit(self, req: CodeRequest) -> "concurrent.futures.Future[CodeResult]":
+        """Queue one request; the future always completes with a ``CodeResult`` (never an exception)."""
+        if not isinstance(req, CodeRequest):
+            raise TypeError(f"SandboxPool.submit expects a CodeRequest, got {type(req).__name__}")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("SandboxPool is closed")
+            self._pending += 1
+            self._queue.put((future, req, time.monotonic()))
+        return future
+
+    def run(self, req: CodeRequest) -> CodeResult:
+        """Run one request and wait for its result."""
+        return self.submit(req).result()
+
+    def run_batch(self, reqs: Sequence[CodeRequest]) -> list[CodeResult]:
+        """Run many requests concurrently; results in the order of ``reqs``."""
+        futures = [self.submit(req) for req in reqs]
+        return [f.result() for f in futures]
+
+    async def run_async(self, req: CodeRequest) -> CodeResult:
+        """``await`` one request from an asyncio loop (the loop is never blocked)."""
+        return await asyncio.wrap_future(self.submit(req))
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _record(self, result: CodeResult, submitted: float, started: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._calls += 1
+            self._pending -= 1
+            self._statuses[result.status] += 1
+            self._latency.append(now - started)
+            self._wait.append(started - submitted)
+
+    def _note_restart(self) -> None:
+        with self._lock:
+            self._restarts += 1
+
+    def _note_isolation(self, isolation: Isolation) -> None:
+        with self._lock:
+            if self._isolation is None:
+                self._isolation = isolation
+
+    @property
+    def isolation(self) -> Isolation | None:
+        """What the workers achieved on this machine (see ``Isolation.mode``)."""
+        return self._isolation
+
+    def worker_pids(self) -> list[int]:
+        """Host pids of the workers' processes (spawned worker + its init), for diagnostics."""
+        return [pid for slot in self._slots if slot.worker is not None for pid in slot.worker.pids()]
+
+    def stats(self) -> dict:
+        """Calls, status counts, latency percentiles (ms), queue depth, restarts and isolation mode."""
+        with self._lock:
+            latency = sorted(self._latency)
+            wait = sorted(self._wait)
+            stats = {
+                "workers": len(self._slots),
+                "calls": self._calls,
+                "statuses": dict(self._statuses),
+                "latency_p50_ms": _percentile(latency, 50), "latency_p99_ms": _percentile(latency, 99),
+                "queue_wait_p50_ms": _percentile(wait, 50), "queue_wait_p99_ms": _percentile(wait, 99),
+                "queue_depth": self._queue.qsize(),
+                "pending": self._pending,
+                "restarts": self._restarts,
+                "isolation": self._isolation.mode if self._isolation else None,
+                "isolation_detail": dataclasses.asdict(self._isolation) if self._isolation else None,
+                "closed": self._closed,
+            }
+        stats["alive_workers"] = sum(1 for s in self._slots if s.worker is not None and s.worker.alive())
+        return stats
+
+    # ------------------------------------------------------------------ lifetime
+    def close(self, *, cancel_pending: bool = False) -> None:
+        """Stop accepting requests, finish queued ones (or answer them with sandbox_error), stop workers."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if cancel_pending:
+                while True:
+                    try:
+                        future, _, _ = self._queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    if future.set_running_or_notify_cancel():
+                        self._pending -= 1
+                        future.set_result(_error_result("sandbox error: pool closed"))
+            for _ in self._slots:
+                self._queue.put(None)
+        for slot in self._slots:
+            if slot.is_alive():
+                slot.join()
+            elif slot.worker is not None:
+                slot.worker.kill()
+
+    def __enter__(self) -> "SandboxPool":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(cancel_pending=exc_type is not None)
+
+
+def _percentile(sorted_values: list[float], q: float) -> float | None:
+    if not sorted_values:
+        return None
+    index = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
+    return 1000.0 * sorted_values[index]
