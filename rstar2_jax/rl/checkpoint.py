@@ -1,0 +1,144 @@
+"""Checkpoints of the RL state with orbax: ``TrainState`` (params, AdamW state, step, PRNG key) plus
+a small JSON record (data cursor, config, metrics, an integrity fingerprint).
+
+Layout: ``<directory>/<step>/{state,meta}`` managed by ``ocp.CheckpointManager`` (keeps the last
+``max_to_keep``). Orbax writes each step into a temporary directory and renames it when complete,
+so a crash mid-save leaves no half checkpoint that looks finished.
+
+Restore is given an abstract state (``jax.ShapeDtypeStruct`` leaves carrying the target
+``NamedSharding``s, see :func:`abstract_train_state`) and places every array directly with that
+sharding. A checkpoint that fails to load, or whose arrays no longer match the fingerprint stored
+at save time (per-array Σ|x| and Σx; catches truncated or zero-filled chunk files), is skipped with
+a warning and the previous one is tried.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+from flax import nnx
+from jax.sharding import Mesh, SingleDeviceSharding
+
+from rstar2_jax.rl.config import RLConfig
+from rstar2_jax.rl.train_step import TrainState, make_optimizer, train_state_shardings
+
+log = logging.getLogger(__name__)
+
+
+class Restored(NamedTuple):
+    """What :meth:`Checkpointer.restore` returns."""
+
+    state: TrainState
+    step: int
+    data_cursor: Any  # int or small JSON dict, as saved
+    config: dict[str, Any] | None  # as saved (e.g. ``RLConfig.to_json_dict()``)
+    metrics: dict[str, float] | None
+
+
+def abstract_train_state(params: nnx.State, cfg: RLConfig, mesh: Mesh | None = None) -> TrainState:
+    """``TrainState`` of ``ShapeDtypeStruct``s (with shardings) to restore into; ``params`` may be
+    concrete or abstract (e.g. from ``nnx.eval_shape``). Without ``mesh``: the default device."""
+    opt = make_optimizer(cfg.optim)
+    shapes = TrainState(params=jax.eval_shape(lambda p: p, params), opt_state=jax.eval_shape(opt.init, params),
+                        step=jax.ShapeDtypeStruct((), jnp.int32), key=jax.ShapeDtypeStruct((2,), jnp.uint32))
+    if mesh is None:
+        dev = SingleDeviceSharding(jax.devices()[0])
+        return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=dev), shapes)
+    sh = train_state_shardings(params, cfg, mesh)
+    return jax.tree.map(lambda s, x: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=x), shapes, sh)
+
+
+@jax.jit
+def _fingerprint_arrays(leaves: list[jax.Array]) -> jax.Array:
+    return jnp.stack([jnp.stack([jnp.sum(jnp.abs(x.astype(jnp.float32))), jnp.sum(x.astype(jnp.float32))])
+                      for x in leaves])
+
+
+def fingerprint(tree: Any) -> list[list[float]]:
+    """Per-array [Σ|x|, Σx] in fp32, for the integrity check on restore."""
+    leaves = jax.tree.leaves(tree)
+    return np.asarray(_fingerprint_arrays(leaves)).tolist() if leaves else []
+
+
+def _matches(a: list[list[float]], b: list[list[float]], rtol: float = 1e-4) -> bool:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    scale = np.maximum(np.abs(a), 1.0)
+    return a.shape == b.shape and bool(np.all(np.abs(a - b) <= rtol * scale))
+
+
+class Checkpointer:
+    """Save and restore ``TrainState`` + JSON meta with keep-last-N and fallback on corruption.
+
+    ``Checkpointer(dir, max_to_keep=3)``; ``save(state, data_cursor=..., config=...)`` at any step;
+    ``restore(abstract_state)`` -> :class:`Restored` of the newest readable checkpoint (None when
+    there is none). Saves are synchronous by default (``async_save=True`` overlaps the write with
+    training; call :meth:`wait` before reading the directory).
+    """
+
+    def __init__(self, directory: str | Path, *, max_to_keep: int = 3, async_save: bool = False):
+        if max_to_keep < 1:
+            raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
+        self.directory = Path(directory).absolute()
+        opts = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+                                            enable_async_checkpointing=async_save)
+        self._mngr = ocp.CheckpointManager(self.directory, options=opts, item_names=("state", "meta"))
+
+    def save(self, state: TrainState, *, data_cursor: Any = None, config: RLConfig | dict | None = None,
+             metrics: dict[str, Any] | None = None, force: bool = True) -> bool:
+        """Write checkpoint ``int(state.step)``; returns whether a save happened."""
+        step = int(state.step)
+        if isinstance(config, RLConfig):
+            config = config.to_json_dict()
+        meta = {"step": step, "data_cursor": data_cursor, "config": config,
+                "metrics": None if metrics is None else {k: float(v) for k, v in metrics.items()},
+                "fingerprint": fingerprint(state)}
+        json.dumps(meta)  # fail here, not in a background thread, if something is not JSON
+        return self._mngr.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                             meta=ocp.args.JsonSave(meta)), force=force)
+
+    def wait(self) -> None:
+        self._mngr.wait_until_finished()
+
+    def all_steps(self) -> list[int]:
+        return sorted(self._mngr.all_steps())
+
+    def latest_step(self) -> int | None:
+        return self._mngr.latest_step()
+
+    def restore(self, abstract_state: TrainState, *, step: int | None = None) -> Restored | None:
+        """Newest (or ``step``'s, then older) checkpoint that loads and passes the fingerprint check."""
+        self.wait()
+        steps = [s for s in reversed(self.all_steps()) if step is None or s <= step]
+        for s in steps:
+            try:
+                out = self._mngr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
+                                                                    meta=ocp.args.JsonRestore()))
+                meta = out["meta"]
+                if meta.get("step") != s or not _matches(fingerprint(out["state"]), meta["fingerprint"]):
+                    raise ValueError("arrays do not match the fingerprint stored at save time")
+            except Exception as e:  # noqa: BLE001 - any failure means "unreadable": fall back
+                msg = f"checkpoint step {s} in {self.directory} is corrupt or unreadable ({type(e).__name__}: {e}); "
+                warnings.warn(msg + "trying the previous one", RuntimeWarning, stacklevel=2)
+                log.warning(msg)
+                continue
+            return Restored(state=out["state"], step=s, data_cursor=meta.get("data_cursor"),
+                            config=meta.get("config"), metrics=meta.get("metrics"))
+        return None
+
+    def close(self) -> None:
+        self._mngr.wait_until_finished()
+        self._mngr.close()
+
+    def __enter__(self) -> "Checkpointer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,267 @@
+"""The GRPO-RoC update (rStar2-Agent §3-4): jitted, mesh-sharded, with exact micro-batch accumulation.
+
+One call of the step returned by :func:`make_train_step` does, for a batch of B rows:
+  1. old log-probs log π_old: the trainer's own jitted no-grad pass over the batch with the
+     current params (``old_logp_source="recompute"``, the default, as verl recomputes them), or
+     ``batch["old_logp"]`` from the sampler (``"sampler"``);
+  2. the batch is split into B / b micro-batches of b = ``micro_batch_size`` rows; for each,
+     (S_k, D_k) of ``rl.loss.policy_loss`` and ∇_θ S_k (log-probs chunked over T, never [B,T,V]);
+  3. g = Σ_k ∇S_k / Σ_k D_k and L = Σ_k S_k / Σ_k D_k — the full-batch loss and gradient exactly;
+  4. AdamW (lr warm-up then constant, decoupled weight decay, global-norm clip) updates θ.
+
+Batch: a dict of arrays ``tokens`` [B,T] int32, ``targets`` [B,T] int32 (tokens shifted left),
+``loss_mask`` [B,T] float (0 on prompt and tool-response tokens), ``advantages`` [B] or [B,T];
+optional ``positions`` [B,T], ``segment_ids`` [B,T] (packing; 0 = padding), ``old_logp`` [B,T].
+
+Sharding: params carry their ``NamedSharding`` (``model.shard_params``), the batch is split over
+("data","fsdp") (:func:`shard_batch`), and the step is jitted with the state's shardings as in and
+out shardings, so the state keeps its layout from step to step (and across checkpoint restores).
+Micro-batch k takes rows {k, k + B/b, k + 2B/b, ...}: each micro-batch is spread over every data
+shard without moving rows between devices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rstar2_jax.model import batch_sharding, constrain, param_shardings, token_logprobs
+from rstar2_jax.rl.config import OptimConfig, RLConfig
+from rstar2_jax.rl.loss import policy_loss
+
+Batch = dict[str, jax.Array]
+BATCH_KEYS = ("tokens", "targets", "loss_mask", "advantages")  # required
+OPTIONAL_KEYS = ("positions", "segment_ids", "old_logp")
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class TrainState:
+    """Everything that changes during training (a pytree; checkpointed whole).
+
+    ``key`` is a raw ``uint32[2]`` PRNG key (``jax.random.PRNGKey``) that the step advances by one
+    split per update; the update itself is deterministic, the key is for the caller's sampling/RoC
+    seeds (see :func:`host_seed`) so that a resumed run draws the same numbers.
+    """
+
+    params: nnx.State  # θ
+    opt_state: optax.OptState  # AdamW moments, step count and the current lr
+    step: jax.Array  # int32 [], updates applied so far
+    key: jax.Array  # uint32 [2]
+
+
+def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
+    """lr_t = lr · min(1, (t + 1) / warmup_steps): linear warm-up over ``warmup_steps`` updates, then
+    constant. The first update already uses lr / warmup_steps (none is wasted at lr 0)."""
+    if cfg.warmup_steps == 0:
+        return optax.constant_schedule(cfg.lr)
+    return lambda t: cfg.lr * jnp.minimum(1.0, (t + 1.0) / cfg.warmup_steps)
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """clip_by_global_norm(max_grad_norm) -> AdamW(lr_t, β1, β2, ε, λ) on every parameter.
+
+    Wrapped in ``optax.inject_hyperparams`` so the lr used by the last update is in
+    ``opt_state.hyperparams["learning_rate"]``. The schedule counts the optimizer's own updates, so
+    :func:`reset_optimizer` restarts the warm-up too (as a fresh stage-3 run would).
+    """
+    def chain(learning_rate):
+        clip = optax.clip_by_global_norm(cfg.max_grad_norm) if cfg.max_grad_norm > 0 else optax.identity()
+        return optax.chain(clip, optax.adamw(learning_rate, b1=cfg.b1, b2=cfg.b2, eps=cfg.eps,
+                                             weight_decay=cfg.weight_decay))
+    return optax.inject_hyperparams(chain)(learning_rate=lr_schedule(cfg))
+
+
+def _is_var(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def train_state_shardings(params: nnx.State, cfg: RLConfig, mesh: Mesh) -> TrainState:
+    """A ``TrainState`` of ``NamedSharding``s: params by their logical axes, each optimizer moment
+    like its parameter, scalars and the key replicated."""
+    opt = make_optimizer(cfg.optim)
+    p_sh = param_shardings(params, mesh)
+    rep = NamedSharding(mesh, P())
+    abstract_opt = jax.eval_shape(opt.init, params)
+    o_sh = optax.tree_map_params(opt, lambda _, s: s, abstract_opt, p_sh, transform_non_params=lambda _: rep,
+                                 is_leaf=_is_var)
+    return TrainState(params=p_sh, opt_state=o_sh, step=rep, key=rep)
+
+
+def init_train_state(params: nnx.State, cfg: RLConfig, key: int | jax.Array = 0, *,
+                     mesh: Mesh | None = None) -> TrainState:
+    """Fresh state: optimizer moments zero, step 0. With ``mesh`` everything is placed with
+    :func:`train_state_shardings` (params are resharded if needed)."""
+    key = jax.random.PRNGKey(key) if isinstance(key, (int, np.integer)) else jnp.asarray(key, jnp.uint32)
+    opt = make_optimizer(cfg.optim)
+
+    def init(p, k):  # copy: the step donates the state, which must not free the caller's params
+        p = jax.tree.map(jnp.copy, p)
+        return TrainState(params=p, opt_state=opt.init(p), step=jnp.zeros((), jnp.int32), key=k)
+    if mesh is None:
+        return jax.jit(init)(params, key)
+    sh = train_state_shardings(params, cfg, mesh)
+    return jax.jit(init, in_shardings=(sh.params, sh.key), out_shardings=sh)(params, key)
+
+
+def reset_optimizer(state: TrainState, cfg: RLConfig) -> TrainState:
+    """Zero the AdamW moments and count, keeping params, step and key (recipe stage 3, paper §4.2).
+    Shardings follow the params (moments are created like their parameters)."""
+    opt = make_optimizer(cfg.optim)
+    return dataclasses.replace(state, opt_state=opt.init(state.params))
+
+
+def host_seed(key: jax.Array) -> int:
+    """A non-negative int seed (e.g. ``key`` of ``rl.roc.roc_downsample``) drawn from ``key``."""
+    return int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
+
+
+def shard_batch(batch: dict[str, Any], mesh: Mesh | None) -> Batch:
+    """Put every ``[B, ...]`` batch array on ``mesh`` split over ("data","fsdp") (or on the default
+    device without a mesh)."""
+    if mesh is None:
+        return {k: jnp.asarray(v) for k, v in batch.items()}
+    return {k: jax.device_put(np.asarray(v), batch_sharding(mesh, np.ndim(v))) for k, v in batch.items()}
+
+
+def _check_batch(batch: dict[str, Any], need_old: bool) -> None:
+    missing = [k for k in BATCH_KEYS + (("old_logp",) if need_old else ()) if k not in batch]
+    unknown = [k for k in batch if k not in BATCH_KEYS + OPTIONAL_KEYS]
+    if missing or unknown:
+        raise ValueError(f"batch: missing {missing}, unknown {unknown}; keys are {BATCH_KEYS + OPTIONAL_KEYS}")
+
+
+def batch_logprobs(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, *, chunk_size: int,
+                   with_entropy: bool = False):
+    """log π_θ(targets | prefix) [B,T] (and entropy [B,T]) for one (micro-)batch, chunked over T."""
+    return token_logprobs(graphdef, params, mb["tokens"], mb["targets"], positions_bt=mb.get("positions"),
+                          segment_ids_bt=mb.get("segment_ids"), chunk_size=chunk_size, with_entropy=with_entropy)
+
+
+def split_micro(batch: Batch, micro_batch_size: int | None) -> tuple[Batch, int]:
+    """[B, ...] -> [B/b, b, ...]: micro-batch k holds rows k, k + B/b, ... (no cross-shard moves)."""
+    b_total = batch["tokens"].shape[0]
+    b = b_total if micro_batch_size is None else micro_batch_size
+    if b_total % b:
+        raise ValueError(f"batch size {b_total} is not a multiple of micro_batch_size {b}")
+    n = b_total // b
+
+    def one(x):
+        x = x.reshape(b, n, *x.shape[1:]).swapaxes(0, 1)
+        return constrain(x, (None, "batch") + (None,) * (x.ndim - 2))
+    return {k: one(v) for k, v in batch.items()}, n
+
+
+def micro_loss_and_grad(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, cfg: RLConfig):
+    """((S_k, D_k), metrics_k), ∇_θ S_k for one micro-batch (``rl.loss`` for S, D)."""
+    def s_fn(p):
+        out = batch_logprobs(graphdef, p, mb, chunk_size=cfg.logprob_chunk_size, with_entropy=cfg.compute_entropy)
+        logp, ent = out if cfg.compute_entropy else (out, None)
+        (s, d), metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"], cfg.loss, ent)
+        return s, (d, metrics)
+    (s, (d, metrics)), grads = jax.value_and_grad(s_fn, has_aux=True)(params)
+    return (s, d), metrics, grads
+
+
+def _accumulate(graphdef, params, batch: Batch, cfg: RLConfig):
+    """Σ_k S_k, Σ_k D_k, Σ_k ∇S_k (fp32) and token-weighted metrics over the micro-batches."""
+    micro, n = split_micro(batch, cfg.micro_batch_size)
+    zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
+
+    def body(carry, mb):
+        s_acc, d_acc, g_acc, m_acc = carry
+        (s, d), m, g = micro_loss_and_grad(graphdef, params, mb, cfg)
+        g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
+        w = m["n_tokens"]  # metrics are token means: weight by tokens, divide by Σ tokens at the end
+        m_acc = {k: (jnp.maximum(m_acc[k], v) if k == "ratio_max" else m_acc[k] + (v if k == "n_tokens" else v * w))
+                 for k, v in m.items()}
+        return (s_acc + s, d_acc + d, g_acc, m_acc), None
+
+    bt = micro["tokens"].shape[1:]
+    names = jax.eval_shape(lambda: policy_loss(jnp.zeros(bt), jnp.zeros(bt), jnp.zeros(bt[:1]), jnp.zeros(bt),
+                                               cfg.loss, jnp.zeros(bt) if cfg.compute_entropy else None)[1])
+    m0 = {k: jnp.full((), -jnp.inf if k == "ratio_max" else 0.0, jnp.float32) for k in names}
+    (s, d, g, m), _ = jax.lax.scan(body, (jnp.zeros(()), jnp.zeros(()), zeros, m0), micro, length=n)
+    n_tok = jnp.maximum(m["n_tokens"], 1.0)
+    metrics = {k: (v if k in ("ratio_max", "n_tokens") else v / n_tok) for k, v in m.items()}
+    return s, d, g, metrics
+
+
+def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef, cfg: RLConfig
+               ) -> tuple[TrainState, dict[str, jax.Array]]:
+    """One GRPO-RoC update θ ← AdamW(θ, Σ_k ∇S_k / Σ_k D_k); pure (jit it via :func:`make_train_step`).
+
+    ``batch["old_logp"]`` must be present (the wrapper fills it). With no trained token (D = 0) the
+    gradient is zero (divided by max(D, 1)); AdamW still applies momentum and weight decay.
+    """
+    s, d, g, metrics = _accumulate(graphdef, state.params, batch, cfg)
+    d_safe = jnp.maximum(d, 1.0)
+    grads = jax.tree.map(lambda x, p: (x / d_safe).astype(p.dtype), g, state.params)
+    opt = make_optimizer(cfg.optim)
+    updates, opt_state = opt.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    metrics.update(loss=s / d_safe, loss_sum=s, loss_denom=d, grad_norm=optax.global_norm(grads),
+                   update_norm=optax.global_norm(updates), lr=opt_state.hyperparams["learning_rate"])
+    new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
+                           key=jax.random.split(state.key)[0])
+    return new_state, metrics
+
+
+def make_logprob_fn(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None = None
+                    ) -> Callable[[nnx.State, Batch], jax.Array]:
+    """Jitted no-grad pass ``(params, batch) -> log π_θ(targets)`` [B,T] fp32, micro-batched like
+    the update (row order preserved); used to recompute log π_old."""
+    def fn(params, batch):
+        micro, _ = split_micro({k: batch[k] for k in ("tokens", "targets", "positions", "segment_ids")
+                                if k in batch}, cfg.micro_batch_size)
+        f = functools.partial(batch_logprobs, graphdef, jax.lax.stop_gradient(params),
+                              chunk_size=cfg.logprob_chunk_size)
+        logp = jax.lax.map(f, micro)  # [B/b, b, T]
+        return logp.swapaxes(0, 1).reshape(batch["tokens"].shape)
+    jitted = jax.jit(fn)
+
+    def call(params, batch):
+        if mesh is None:
+            return jitted(params, batch)
+        with jax.set_mesh(mesh):
+            return jitted(params, batch)
+    return call
+
+
+def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None = None,
+                    state_shardings: TrainState | None = None, donate: bool = True
+                    ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
+    """``step(state, batch) -> (state, metrics)``: old log-probs (per ``cfg.old_logp_source``), then
+    the jitted :func:`train_step`.
+
+    With ``mesh``, the calls run under ``jax.set_mesh(mesh)`` and the update is jitted with
+    ``state_shardings`` (default: :func:`train_state_shardings` of the first state seen) as in and
+    out shardings. ``donate=True`` donates the input state's buffers: do not reuse it after the call.
+    """
+    logprob_fn = make_logprob_fn(graphdef, cfg, mesh=mesh)
+    fn = functools.partial(train_step, graphdef=graphdef, cfg=cfg)
+    compiled: dict[str, Callable] = {}
+
+    def step(state: TrainState, batch: Batch):
+        _check_batch(batch, need_old=cfg.old_logp_source == "sampler")
+        if cfg.old_logp_source == "recompute":
+            batch = {**batch, "old_logp": logprob_fn(state.params, batch)}
+        if "fn" not in compiled:
+            sh = state_shardings
+            if mesh is not None and sh is None:
+                sh = train_state_shardings(state.params, cfg, mesh)
+            kw = {} if sh is None else dict(in_shardings=(sh, None), out_shardings=(sh, None))
+            compiled["fn"] = jax.jit(fn, donate_argnums=(0,) if donate else (), **kw)
+        if mesh is None:
+            return compiled["fn"](state, batch)
+        with jax.set_mesh(mesh):
+            return compiled["fn"](state, batch)
+    return step
