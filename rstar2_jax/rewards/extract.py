@@ -1,0 +1,143 @@
+"""Final-answer extraction: the content of the last ``\\boxed{...}`` of the final answer.
+
+Rules (DESIGN section 4):
+
+* The final answer region is the content of the last ``<answer>...</answer>`` block (to the end of
+  the text when that last block is not closed); without answer tags, the paragraph (text between
+  blank lines) that holds the last box.
+* A box is ``\\boxed{...}`` or ``\\fbox{...}`` with balanced nested braces, or ``\\boxed 42`` /
+  ``\\boxed5`` / ``\\boxed \\pi`` (one run of non-space characters or one command);
+  ``\\boxed{\\boxed{5}}`` is ``5``. A box whose braces never close is ignored.
+* Several *different* boxes in the final answer region -> ``status="conflicting"`` (wrong).
+* No box -> ``status="no_box"``, no answer. There is never a fallback to the last number.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+STATUSES = ("ok", "no_box", "conflicting")
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Extraction:
+    """The extracted answer (None unless ``status == "ok"``) and the boxes seen in the region."""
+
+    answer: str | None
+    status: str
+    boxes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"Extraction.status must be one of {STATUSES}, got {self.status!r}")
+        if (self.answer is None) != (self.status != "ok"):
+            raise ValueError("Extraction.answer is set exactly when status is 'ok'")
+
+
+def _box_at(text: str, match: re.Match[str]) -> tuple[str, int] | None:
+    """(content, end index) of the box whose command ``match`` found, or None if it never closes."""
+    i = match.end()
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if i >= len(text):
+        return None
+    if text[i] != "{":
+        token = re.match(r"\\[a-zA-Z]+|[^\s$\\{}]+", text[i:])
+        return (token.group(0), i + token.end()) if token else None
+    depth, start = 0, i
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+            i += 2
+            continue
+        depth += {"{": 1, "}": -1}.get(text[i], 0)
+        i += 1
+        if depth == 0:
+            return text[start + 1:i - 1], i
+    return None
+
+
+def _matching_braces(text: str) -> dict[int, int]:
+    """Index of each ``{`` -> index of its ``}`` (escaped ``\\{``/``\\}`` skipped), in one pass."""
+    pairs, stack, i = {}, [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+            i += 2
+            continue
+        if text[i] == "{":
+            stack.append(i)
+        elif text[i] == "}" and stack:
+            pairs[stack.pop()] = i
+        i += 1
+    return pairs
+
+
+def _unwrap(content: str) -> str:
+    """``\\boxed{\\boxed{5}}`` -> ``5`` (a box that is the whole content of a box); linear time."""
+    pairs = _matching_braces(content)
+    start, end = 0, len(content)
+    while True:
+        while start < end and content[start].isspace():
+            start += 1
+        while end > start and content[end - 1].isspace():
+            end -= 1
+        match = _BOX.match(content, start, end)
+        if match is None:
+            return content[start:end]
+        i = match.end()
+        while i < end and content[i] in " \t":
+            i += 1
+        if i < end and content[i] == "{":
+            if pairs.get(i) != end - 1:
+                return content[start:end]
+            start, end = i + 1, end - 1
+            continue
+        box = _box_at(content[:end], match)  # token form, ``\\boxed 5``
+        return box[0] if box is not None and box[1] == end else content[start:end]
+
+
+def find_boxes(text: str) -> list[str]:
+    """Contents of the outermost boxes of ``text``, left to right (unclosed boxes skipped)."""
+    boxes, pos = [], 0
+    while True:
+        match = _BOX.search(text, pos)
+        if match is None:
+            return boxes
+        box = _box_at(text, match)
+        if box is None:
+            pos = match.end()
+            continue
+        boxes.append(_unwrap(box[0]))
+        pos = box[1]
+
+
+def answer_region(text: str) -> str:
+    """The final-answer region of a trajectory's assistant text (module docstring)."""
+    start = text.rfind(_ANSWER_OPEN)
+    if start >= 0:
+        body = text[start + len(_ANSWER_OPEN):]
+        end = body.find(_ANSWER_CLOSE)
+        return body if end < 0 else body[:end]
+    matches = list(_BOX.finditer(text))
+    if not matches:
+        return ""
+    last = matches[-1].start()
+    para_start = text.rfind("\n\n", 0, last)
+    para_end = text.find("\n\n", last)
+    box = _box_at(text, matches[-1])
+    if box is not None and para_end >= 0 and para_end < box[1]:  # a box spanning paragraphs
+        para_end = text.find("\n\n", box[1])
+    return text[para_start + 1 if para_start >= 0 else 0:para_end if para_end >= 0 else len(text)]
+
+
+def extract_answer(text: str) -> Extraction:
+    """Extract the final answer of one trajectory's assistant text (module docstring)."""
+    boxes = find_boxes(answer_region(text))
+    if not boxes:
+        return Extraction(answer=None, status="no_box")
+    distinct = {re.sub(r"\s+", "", b) for b in boxes}
+    if len(distinct) > 1:
+        return Extraction(answer=None, status="conflicting", boxes=tuple(boxes))
+    return Extraction(answer=boxes[-1], status="ok", boxes=tuple(boxes))

@@ -1,0 +1,116 @@
+"""String normalisation of a LaTeX final answer (no parsing, no sympy).
+
+``normalize(latex)`` rewrites notation that carries no mathematical content into one canonical
+spelling, so equal answers written differently become equal strings and the structural parser
+(``structure.py``) sees one form. What it removes or rewrites is the policy's "presentation" part:
+
+* ``$``, ``\\$`` (currency), ``\\displaystyle``, ``\\left``/``\\right`` (and ``\\bigl`` ...),
+  spacing commands (``\\,`` ``\\;`` ``\\:`` ``\\!`` ``\\quad`` ``~`` ``\\ ``), font wrappers around
+  math (``\\mathrm{x}`` -> ``x``, ``\\boldsymbol``), ``\\dfrac``/``\\tfrac``/``\\cfrac`` -> ``\\frac``,
+  ``\\frac12`` -> ``\\frac{1}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``, ``\\le``/``\\leq``/``\\leqslant``.
+* thousands separators between digit groups: ``10{,}000``, ``10,\\!000``, ``10\\,000``, ``10\\ 000``
+  (and a bare ``1,000`` when the whole item is such a number; see ``strip_thousands``).
+* ``.5`` -> ``0.5``; a trailing sentence period; unicode minus/times/pi/infinity.
+* degree marks (``^\\circ``, ``^{\\circ}``, ``°``, ``\\text{ degrees}``) are dropped (policy: the
+  degree sign annotates the unit the question asked for; it never converts to radians).
+* trailing unit text (``5.4 \\text{ cents}``, ``864 \\mbox{ inches}^2``) is dropped; a percent sign
+  is kept as ``%`` (it changes the value: ``28%`` is ``0.28``).
+* ``x \\in [a, b]`` -> ``[a, b]`` (the membership prefix names the variable, not the answer).
+"""
+
+from __future__ import annotations
+
+import re
+
+_FONT = r"\\(?:mathrm|mathbf|mathit|mathsf|mathtt|boldsymbol|bm|operatorname\*?|textnormal)"
+_TEXT = r"\\(?:text|textrm|textbf|textit|textsf|texttt|mbox|hbox)"
+
+_SIMPLE_REPLACEMENTS: tuple[tuple[str, str], ...] = (
+    ("\u2212", "-"), ("\u2013", "-"), ("\u00d7", r"\times "), ("\u00b7", r"\cdot "),
+    ("\u03c0", r"\pi "), ("\u221e", r"\infty "), ("\u2264", r"\le "), ("\u2265", r"\ge "),
+    ("\u00b0", r"^\circ"), ("\u221a", r"\sqrt"), ("\u222a", r"\cup "), ("\u2260", r"\ne "),
+    (r"\dfrac", r"\frac"), (r"\tfrac", r"\frac"), (r"\cfrac", r"\frac"),
+    (r"\dbinom", r"\binom"), (r"\tbinom", r"\binom"),
+    (r"\leqslant", r"\le "), (r"\geqslant", r"\ge "), (r"\leq", r"\le "), (r"\geq", r"\ge "),
+    (r"\neq", r"\ne "), (r"\lbrace", r"\{"), (r"\rbrace", r"\}"), (r"\lbrack", "["), (r"\rbrack", "]"),
+    (r"\varnothing", r"\emptyset"), (r"\infinity", r"\infty"), (r"\displaystyle", ""),
+    (r"\lvert", "|"), (r"\rvert", "|"), (r"\vert", "|"), (r"\mid", "|"),
+)
+_SIZED_DELIM = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)\s*(\\[{}|]|[()\[\]|.]|\\[lr]angle)")
+_THOUSANDS_LATEX = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!\s*|\\[,;: ]\s*|~)(?=\d{3}(?!\d))")
+_SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad\b|~")
+_DEGREE = re.compile(
+    r"\^\s*\{?\s*\\circ\s*\}?|\\circ\b|\\degree\b|" + _TEXT + r"\{\s*(?:degrees?|deg)\s*\}"
+)
+_PERCENT = re.compile(r"\\%|" + _TEXT + r"\{\s*(?:percent|\\%|%)\s*\}")
+# A unit: trailing text after some math, optionally squared/cubed (``\mbox{ cm}^2``).
+_TRAILING_UNIT = re.compile(_TEXT + r"\{[^{}]*\}(?:\s*\^\s*\{?\d\}?)?\s*$")
+_FRAC_SHORT = (
+    (re.compile(r"\\frac\s*(\d)\s*(\d)"), r"\\frac{\1}{\2}"),
+    (re.compile(r"\\frac\s*(\d)\s*\{"), r"\\frac{\1}{"),
+    (re.compile(r"\\frac\s*\{([^{}]*)\}\s*(\d)"), r"\\frac{\1}{\2}"),
+    (re.compile(r"\\frac\s*([a-zA-Z])\s*([a-zA-Z0-9])"), r"\\frac{\1}{\2}"),
+    (re.compile(r"\\sqrt\s*(\d|[a-zA-Z](?![a-zA-Z]))"), r"\\sqrt{\1}"),
+)
+_LEADING_DOT = re.compile(r"(?<![\d}])\.(\d)")
+_MEMBERSHIP = re.compile(r"^\s*[a-zA-Z]\s*\\in\s+")
+_WS = re.compile(r"\s+")
+_COMMA_NUMBER = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+
+
+def _unwrap_command(text: str, command: str) -> str:
+    """Replace every ``<command>{body}`` by ``body`` (balanced braces; innermost first is not needed)."""
+    pattern = re.compile(command + r"\s*\{")
+    while True:
+        match = pattern.search(text)
+        if match is None:
+            return text
+        start, i, depth = match.start(), match.end(), 1
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth:  # unbalanced: leave the rest alone
+            return text
+        text = text[:start] + text[match.end():i - 1] + text[i:]
+
+
+def strip_thousands(item: str) -> str:
+    """``1,000`` / ``-12,345.5`` -> digits, when the whole item is one comma-grouped number.
+
+    A comma followed by a space (``1, 000``) is a list separator, never a thousands separator.
+    """
+    return item.replace(",", "") if _COMMA_NUMBER.match(item) else item
+
+
+def strip_units(text: str) -> str:
+    """Drop trailing ``\\text{...}`` unit annotations that follow some math."""
+    while True:
+        match = _TRAILING_UNIT.search(text)
+        if match is None or not text[:match.start()].strip():
+            return text
+        text = text[:match.start()].rstrip()
+
+
+def normalize(latex: str) -> str:
+    """Canonical spelling of a final answer (see module docstring); idempotent."""
+    text = latex.replace("\n", " ").replace("\t", " ").strip()
+    text = text.replace(r"\$", "").replace("$", "")
+    for old, new in _SIMPLE_REPLACEMENTS:
+        text = text.replace(old, new)
+    text = _SIZED_DELIM.sub(lambda m: "" if m.group(1) == "." else m.group(1), text)
+    text = text.replace(r"\left.", "").replace(r"\right.", "")
+    text = _THOUSANDS_LATEX.sub("", text)
+    text = _DEGREE.sub("", text)
+    text = _PERCENT.sub("%", text)
+    text = _SPACING.sub(" ", text)
+    text = _unwrap_command(text, _FONT)
+    text = strip_units(text)
+    for pattern, repl in _FRAC_SHORT:
+        text = pattern.sub(repl, text)
+    text = _LEADING_DOT.sub(r"0.\1", text)
+    text = _MEMBERSHIP.sub("", text)
+    text = _WS.sub(" ", text).strip()
+    text = re.sub(r"(?<=[\d}a-zA-Z)\]])\s*\.$", "", text)  # trailing sentence period
+    text = strip_thousands(text)
+    text = re.sub(r"\s*([=+\-^_{}()\[\]!])\s*", r"\1", text)
+    return re.sub(r"\s*,\s*", ", ", text).strip()  # the space keeps "1, 000" a list

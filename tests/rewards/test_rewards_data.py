@@ -1,0 +1,47 @@
+"""Self-consistency on the evaluation sets: each gold verifies against its own box, not others'."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from rstar2_jax.rewards.equivalence import check
+from rstar2_jax.rewards.extract import extract_answer
+from rstar2_jax.rewards.verify import verify_batch
+
+DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+FILES = sorted(DATA.glob("*.jsonl")) if DATA.is_dir() else []
+pytestmark = pytest.mark.skipif(not FILES, reason=f"evaluation data not found at {DATA}")
+
+
+def _golds(path: Path) -> list[str]:
+    return [json.loads(line)["answer"] for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_boxed_gold_verifies_against_itself(path):
+    failures = []
+    for gold in _golds(path):
+        extraction = extract_answer(f"<reason>...</reason><answer>The answer is $\\boxed{{{gold}}}$.</answer>")
+        if extraction.answer != gold or not check(extraction.answer, gold).correct:
+            failures.append((gold, extraction))
+    assert not failures
+
+
+def test_other_records_gold_does_not_verify(reward_pool):
+    rng = random.Random(0)
+    pairs = []
+    for path in FILES:
+        golds = _golds(path)
+        for _ in range(100):  # 500 pairs over the 5 files
+            gold, other = rng.sample(golds, 2)
+            while other.strip() == gold.strip():
+                gold, other = rng.sample(golds, 2)
+            pairs.append((gold, other))
+    results = verify_batch([o for _, o in pairs], [g for g, _ in pairs], 5.0, pool=reward_pool)
+    accepted = [(g, o, r.reason) for (g, o), r in zip(pairs, results) if r.correct]
+    assert all(r.status == "ok" for r in results)
+    assert len(accepted) <= 0.01 * len(pairs), accepted

@@ -1,0 +1,49 @@
+"""RewardFn: text or turns in, (reward, info) out; batched through verify_batch."""
+
+from __future__ import annotations
+
+import pytest
+
+from rstar2_jax.rewards import FormatStats, RewardFn
+
+
+@pytest.fixture(scope="module")
+def reward_fn(reward_pool):
+    return RewardFn(timeout_s=3.0, pool=reward_pool)
+
+
+def test_correct_trajectory(reward_fn):
+    reward, info = reward_fn("<reason>2+3</reason><answer>The answer is \\boxed{5}.</answer>", "5")
+    assert reward == 1.0
+    assert (info["answer"], info["extract_status"], info["status"], info["correct"]) == ("5", "ok", "ok", True)
+    assert info["format"] == FormatStats(n_answer_open=1, n_answer_close=1, n_answer_pairs=1, balanced=True,
+                                         n_boxed=1, n_turns=1)
+    assert info["time_s"] >= info["verify_s"] >= 0.0
+
+
+def test_turns_and_wrong_answer(reward_fn):
+    reward, info = reward_fn(["<reason>tool</reason>", "<answer>\\boxed{\\frac{1}{3}}</answer>"], "0.333")
+    assert reward == 0.0 and info["reason"] == "different" and info["format"].n_turns == 2
+
+
+@pytest.mark.parametrize("text,status", [
+    ("The answer is 5.", "no_box"),  # never the last number
+    ("<answer>\\boxed{5} or \\boxed{6}</answer>", "conflicting"),
+])
+def test_no_single_answer_scores_zero(reward_fn, text, status):
+    reward, info = reward_fn(text, "5")
+    assert reward == 0.0 and info["extract_status"] == status and info["answer"] is None
+
+
+def test_batch_keeps_order(reward_fn):
+    texts = ["\\boxed{1}", "\\boxed{2}", "no box", "\\boxed{(1,2)}", "\\boxed{5^{5^{5^{5^5}}}}"]
+    out = reward_fn.batch(texts, ["1", "3", "3", "\\{1,2\\}", "5"])
+    assert [r for r, _ in out] == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert out[4][1]["reason"] == "refused"
+
+
+def test_reward_fn_validates():
+    with pytest.raises(ValueError, match="timeout_s"):
+        RewardFn(timeout_s=0)
+    with pytest.raises(ValueError, match="golds"):
+        RewardFn().batch(["a"], [])

@@ -1,0 +1,63 @@
+"""verify_batch: the whole case table under hard timeouts, chunk re-runs, and the no-JAX rule."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from reward_cases import CASES, NEEDS_TIMEOUT
+from rstar2_jax.rewards.verify import VerifyResult, verify_batch
+
+_SLOW = "\\binom{10^{6}}{500000}"  # the parser evaluates it in a Python loop: minutes
+
+
+def test_case_table_through_verify_batch(reward_pool):
+    start = time.monotonic()
+    results = verify_batch([c.pred for c in CASES], [c.gold for c in CASES], 3.0, pool=reward_pool)
+    elapsed = time.monotonic() - start
+    wrong = [(c, r) for c, r in zip(CASES, results) if r.correct is not c.expected]
+    assert not wrong
+    for case, result in zip(CASES, results):
+        assert result.status == ("timeout" if case.why in NEEDS_TIMEOUT else "ok"), (case, result)
+    assert elapsed < 60, elapsed  # ~10 s on 2 cores; a hang would be unbounded
+
+
+def test_slow_check_times_out_without_stalling_the_batch(reward_pool):
+    preds = ["5", _SLOW, "6", _SLOW, "\\frac{10}{2}"]
+    start = time.monotonic()
+    results = verify_batch(preds, ["5"] * 5, 1.0, pool=reward_pool)
+    assert time.monotonic() - start < 12
+    assert [r.correct for r in results] == [True, False, False, False, True]
+    assert [r.status for r in results] == ["ok", "timeout", "ok", "timeout", "ok"]
+
+
+def test_killed_chunk_keeps_finished_cases_and_reruns_the_rest_alone(reward_pool):
+    # Chunk wall = min(5 * 1.5, 1.5 + 5 * 0.01) + 1 = 2.55 s: the first slow case uses 1.5 s (soft
+    # timeout), the second is killed mid-way with the whole call; the cases after it never ran.
+    preds = ["5", _SLOW, _SLOW, "5.0", "4"]
+    results = verify_batch(preds, ["5"] * 5, 1.5, pool=reward_pool, chunk_size=5, chunk_case_s=0.01)
+    assert [r.status for r in results] == ["ok", "timeout", "timeout", "ok", "ok"]
+    assert [r.correct for r in results] == [True, False, False, True, False]
+
+
+def test_none_prediction_scores_zero_without_a_call():
+    assert verify_batch([None], ["5"], 1.0) == [VerifyResult(correct=False, status="ok", reason="empty",
+                                                               duration_s=0.0)]
+
+
+def test_verify_batch_validates():
+    with pytest.raises(ValueError, match="predictions"):
+        verify_batch(["1"], [], 1.0)
+    with pytest.raises(ValueError, match="timeout_s"):
+        verify_batch(["1"], ["1"], 0.0)
+    with pytest.raises(ValueError, match="correct"):
+        VerifyResult(correct=True, status="timeout", reason="", duration_s=1.0)
+
+
+def test_rewards_never_import_jax():
+    code = ("import sys, rstar2_jax.rewards, rstar2_jax.rewards.worker; "
+            "bad = [m for m in sys.modules if m == 'jax' or m.startswith('jax.')]; assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
