@@ -20,7 +20,8 @@ Policy (each point has cases in ``tests/rewards/cases.py``):
   != ``a-b``). Mixed numbers: ``1\\frac45`` = 9/5. See ``scalar.py``.
 * **Percent is a value**: ``28\\%`` = 0.28 = ``\\frac{7}{25}``; so ``28\\%`` != ``28`` both ways.
 * **Degrees are a unit annotation**: ``90^\\circ`` = ``90`` (both ways); an angle in degrees never
-  equals its radian value (``90^\\circ`` != ``\\frac{\\pi}{2}``).
+  equals its radian value (``90^\\circ`` != ``\\frac{\\pi}{2}``). A degree mark (like ``%``) may
+  only end an item; anywhere else (``1^\\circ29``) the answer is unparseable.
 * **Collections keep their kind** (``structure.py``): ordered tuples ``(a,b)`` compare in order;
   sets ``\\{a,b\\}`` and bare lists ``a, b`` (also ``a \\pm b``) compare as sets and are
   interchangeable (a lone answer is a one-element list, so ``\\{3\\}`` = ``3``); intervals compare
@@ -53,7 +54,7 @@ from rstar2_jax.rewards import guard
 from rstar2_jax.rewards.normalize import normalize
 from rstar2_jax.rewards.scalar import ParseError, Refused, proportional, to_sympy, values_equal
 from rstar2_jax.rewards.structure import (Based, Bracketed, Equation, Matrix, Node, Relation, Scalar,
-                                          StructureError, Union, Unordered, is_textual,
+                                          StructureError, Union, Unordered, balanced, is_textual,
                                           parse_structure, text_key)
 
 REASONS = ("string", "equivalent", "different", "empty", "unparseable", "gold-unparseable", "refused")
@@ -82,6 +83,8 @@ def check(pred: str, gold: str) -> Verdict:
         return Verdict(correct=False, reason="empty")
     if p == g:
         return Verdict(correct=True, reason="string")
+    if not balanced(p):
+        return Verdict(correct=False, reason="unparseable")
     if is_textual(g):
         same = text_key(p) == text_key(g)
         return Verdict(correct=same, reason="equivalent" if same else "different")

@@ -39,8 +39,10 @@ _SIMPLE_REPLACEMENTS: tuple[tuple[str, str], ...] = (
 _SIZED_DELIM = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)\s*(\\[{}|]|[()\[\]|.]|\\[lr]angle)")
 _THOUSANDS_LATEX = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!\s*|\\[,;: ]\s*|~)(?=\d{3}(?!\d))")
 _SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad\b|~")
+# A degree mark only where a unit can stand: after a number/closing group, before the end of an item.
 _DEGREE = re.compile(
-    r"\^\s*\{?\s*\\circ\s*\}?|\\circ\b|\\degree\b|" + _TEXT + r"\{\s*(?:degrees?|deg)\s*\}"
+    r"(?<=[\w}).])\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\circ\b|\\degree\b|" + _TEXT
+    + r"\{\s*(?:degrees?|deg)\s*\})(?=\s*(?:$|[,;)\]]|\\\}|\\cup\b|" + _TEXT + r"\{))"
 )
 _PERCENT = re.compile(r"\\%|" + _TEXT + r"\{\s*(?:percent|\\%|%)\s*\}")
 # A unit: trailing text after some math, optionally squared/cubed (``\mbox{ cm}^2``).

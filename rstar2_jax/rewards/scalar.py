@@ -75,7 +75,7 @@ def to_sympy(latex: str) -> sympy.Basic:
     percent = text.endswith("%")
     if percent:
         text = text[:-1].strip()
-    if not text or "%" in text:
+    if not text or "%" in text or "\\circ" in text:  # percent/degree marks only end an item
         raise ParseError(f"cannot read {latex!r}")
     plain = _plain_number(text) if len(text) <= 200 else None
     if plain is not None:

@@ -30,6 +30,7 @@ _REL = re.compile(r"\\le(?![a-z])|\\ge(?![a-z])|\\lt(?![a-z])|\\gt(?![a-z])|<|>"
 _REL_CANON = {r"\le": "<=", r"\ge": ">=", r"\lt": "<", r"\gt": ">", "<": "<", ">": ">"}
 _PM = re.compile(r"\\(?:pm|mp)(?![a-zA-Z])")
 _TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mbox|hbox)\s*\{")
+_NEVER = re.compile(r"(?!)")
 MAX_ITEMS = 64
 
 
@@ -112,6 +113,15 @@ def split_top(text: str, separators: re.Pattern[str]) -> list[str]:
     return parts
 
 
+def balanced(text: str) -> bool:
+    """Every bracket and brace of ``text`` closes (interval ends may mix ``(`` with ``]``)."""
+    try:
+        split_top(text, _NEVER)
+    except StructureError:
+        return False
+    return True
+
+
 def _split_rel(text: str) -> tuple[list[str], list[str]]:
     sides, ops, depth, start, i = [], [], 0, 0, 0
     while i < len(text):
@@ -137,7 +147,7 @@ def _enclosed(text: str, left: str, right: str) -> bool:
     if not (text.startswith(left) and text.endswith(right)) or len(text) < len(left) + len(right):
         return False
     try:
-        return len(split_top(text[len(left):len(text) - len(right)], re.compile(r"(?!)"))) == 1
+        return len(split_top(text[len(left):len(text) - len(right)], _NEVER)) == 1
     except StructureError:
         return False
 

@@ -147,6 +147,11 @@ CASES: list[Case] = [
     Case("\\frac{270}7\\text{ degrees}", "\\frac{270}{7}^\\circ", True, "degree"),
     Case("90^\\circ", "\\frac{\\pi}{2}", False, "degree-radian"),
     Case("\\frac{\\pi}{2}", "90^\\circ", False, "degree-radian"),
+    Case("129", "1^\\circ29", False, "degree"),  # a degree mark only ends a number
+    Case("2", "^\\circ2", False, "degree"),
+    Case("\\pi", "\\p^\\circi", False, "degree"),
+    Case("(30, 60)", "(30^\\circ, 60^\\circ)", True, "degree"),
+    Case("\\sqrt{23}-2\\sqrt{3}", "\\sqrt{23}^\\circ-2\\sqrt{3}", False, "degree"),
     # tuples, sets, lists, intervals, unions
     Case("(1,2)", "(1, 2)", True, "tuple"),
     Case("(1,2)", "(2,1)", False, "tuple-order"),
@@ -244,6 +249,7 @@ CASES: list[Case] = [
     Case("\\text{(C)}", "D", False, "choice"),
     Case("\\text{(C)}", "\\text{(C) } 12", False, "choice"),
     Case("C", "\\text{(C)}", True, "choice"),
+    Case("\\text{(E)}", "\\text{(E)", False, "unbalanced"),
     Case("\\text{(C)}", "\\text{(C)}, \\text{(D)}", False, "hedge"),
     # base-n numerals
     Case("52_8", "52", True, "base"),
