@@ -11,6 +11,12 @@ the G⁺ positives with the lowest p_total (stable, so ties keep rollout order) 
 negatives in rollout order. ``mode="none"`` is plain GRPO on the same budget: after step 1, G
 rollouts uniformly at random, classes ignored (the ablation baseline).
 
+Where this differs from the release on purpose: groups with N <= G are kept whole (the release
+drops N < G and keeps N = G); negatives in ``deterministic`` mode are taken in rollout order as
+DESIGN §5 asks (the release sorts them by their own penalty too, stably); the release's "keep the
+whole group when both classes fall below the minimum" branch (reachable only for G < 4) is
+replaced by a total split (``roc_class_counts``).
+
 Randomness: ``key`` is an int seed (a fresh ``np.random.default_rng(key)``, so the same int gives
 the same selection) or a ``np.random.Generator`` (used and advanced in place). Groups consume it in
 order of first appearance in ``group_ids``. Host-side NumPy; not meant for jit.
