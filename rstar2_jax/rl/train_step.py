@@ -240,7 +240,8 @@ def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
                     state_shardings: TrainState | None = None, donate: bool = True
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """``step(state, batch) -> (state, metrics)``: old log-probs (per ``cfg.old_logp_source``), then
-    the jitted :func:`train_step`.
+    the jitted :func:`train_step`. With ``"recompute"`` a ``batch["old_logp"]`` is ignored (replaced
+    by the trainer's pass); with ``"sampler"`` it is required.
 
     With ``mesh``, the calls run under ``jax.set_mesh(mesh)`` and the update is jitted with
     ``state_shardings`` (default: :func:`train_state_shardings` of the first state seen) as in and
