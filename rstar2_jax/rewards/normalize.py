@@ -4,7 +4,8 @@
 spelling, so equal answers written differently become equal strings and the structural parser
 (``structure.py``) sees one form. What it removes or rewrites is the policy's "presentation" part:
 
-* ``$``, ``\\$`` (currency), ``\\displaystyle``, ``\\left``/``\\right`` (and ``\\bigl`` ...),
+* ``$``, ``\\$`` (currency), ``\\displaystyle``, ``\\left``/``\\right`` (and ``\\bigl`` ...), outer
+  TeX grouping braces (``{5}`` is 5; a set is written ``\\{5\\}``),
   spacing commands (``\\,`` ``\\;`` ``\\:`` ``\\!`` ``\\quad`` ``~`` ``\\ ``), font wrappers around
   math (``\\mathrm{x}`` -> ``x``, ``\\boldsymbol``), ``\\dfrac``/``\\tfrac``/``\\cfrac`` -> ``\\frac``,
   ``\\frac12`` -> ``\\frac{1}{2}``, ``\\sqrt2`` -> ``\\sqrt{2}``, ``\\le``/``\\leq``/``\\leqslant``.
@@ -34,9 +35,11 @@ _SIMPLE_REPLACEMENTS: tuple[tuple[str, str], ...] = (
     (r"\leqslant", r"\le "), (r"\geqslant", r"\ge "), (r"\leq", r"\le "), (r"\geq", r"\ge "),
     (r"\neq", r"\ne "), (r"\lbrace", r"\{"), (r"\rbrace", r"\}"), (r"\lbrack", "["), (r"\rbrack", "]"),
     (r"\varnothing", r"\emptyset"), (r"\infinity", r"\infty"), (r"\displaystyle", ""),
+    (r"\textstyle", ""), (r"\scriptstyle", ""),
     (r"\lvert", "|"), (r"\rvert", "|"), (r"\vert", "|"), (r"\mid", "|"),
 )
 _SIZED_DELIM = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)\s*(\\[{}|]|[()\[\]|.]|\\[lr]angle)")
+_OPEN_DELIM_DOT = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)\s*\.$")  # "\right." is no period
 _THOUSANDS_LATEX = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!\s*|\\[,;: ]\s*|~)(?=\d{3}(?!\d))")
 _SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad\b|~")
 # A degree mark only where a unit can stand: after a number/closing group, before the end of an item.
@@ -55,7 +58,7 @@ _FRAC_SHORT = (
     (re.compile(r"\\sqrt\s*(\d|[a-zA-Z](?![a-zA-Z]))"), r"\\sqrt{\1}"),
 )
 _LEADING_DOT = re.compile(r"(?<![\d}])\.(\d)")
-_MEMBERSHIP = re.compile(r"^\s*[a-zA-Z]\s*\\in\s+")
+_MEMBERSHIP = re.compile(r"^\s*[a-zA-Z]\s*\\in(?![a-zA-Z])\s*")
 _WS = re.compile(r"\s+")
 _COMMA_NUMBER = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 
@@ -96,15 +99,18 @@ def strip_units(text: str) -> str:
 def normalize(latex: str) -> str:
     """Canonical spelling of a final answer (see module docstring); idempotent."""
     text = latex.replace("\n", " ").replace("\t", " ").strip()
-    text = text.replace(r"\$", "").replace("$", "")
+    text = text.replace(r"\$", "").replace("$", "").strip()
+    if text.endswith(".") and not _OPEN_DELIM_DOT.search(text):
+        text = text[:-1].rstrip()  # sentence period
     for old, new in _SIMPLE_REPLACEMENTS:
         text = text.replace(old, new)
+    text = _strip_group(text.strip())
     text = _SIZED_DELIM.sub(lambda m: "" if m.group(1) == "." else m.group(1), text)
     text = text.replace(r"\left.", "").replace(r"\right.", "")
     text = _THOUSANDS_LATEX.sub("", text)
+    text = _SPACING.sub(" ", text)
     text = _DEGREE.sub("", text)
     text = _PERCENT.sub("%", text)
-    text = _SPACING.sub(" ", text)
     text = _unwrap_command(text, _FONT)
     text = strip_units(text)
     for pattern, repl in _FRAC_SHORT:
@@ -112,7 +118,29 @@ def normalize(latex: str) -> str:
     text = _LEADING_DOT.sub(r"0.\1", text)
     text = _MEMBERSHIP.sub("", text)
     text = _WS.sub(" ", text).strip()
-    text = re.sub(r"(?<=[\d}a-zA-Z)\]])\s*\.$", "", text)  # trailing sentence period
     text = strip_thousands(text)
     text = re.sub(r"\s*([=+\-^_{}()\[\]!])\s*", r"\1", text)
-    return re.sub(r"\s*,\s*", ", ", text).strip()  # the space keeps "1, 000" a list
+    text = re.sub(r"\s*,\s*", ", ", text).strip()  # the space keeps "1, 000" a list
+    return _strip_group(text)
+
+
+def _strip_group(text: str) -> str:
+    """``{5}`` -> ``5``: outer TeX grouping braces, not a set (a set is written ``\\{5\\}``)."""
+    for _ in range(32):  # deeper nesting is refused by the guard anyway
+        if not (text.startswith("{") and _group_end(text) == len(text) - 1):
+            break
+        text = text[1:-1].strip()
+    return text
+
+
+def _group_end(text: str) -> int:
+    """Index of the ``}`` closing the ``{`` at 0 (-1 if none)."""
+    depth = 0
+    for i in range(len(text)):
+        if text[i] == "{" and (i == 0 or text[i - 1] != "\\"):
+            depth += 1
+        elif text[i] == "}" and (i == 0 or text[i - 1] != "\\"):
+            depth -= 1
+            if depth == 0:
+                return i
+    return -1

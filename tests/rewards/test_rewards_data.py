@@ -45,3 +45,18 @@ def test_other_records_gold_does_not_verify(reward_pool):
     accepted = [(g, o, r.reason) for (g, o), r in zip(pairs, results) if r.correct]
     assert all(r.status == "ok" for r in results)
     assert len(accepted) <= 0.01 * len(pairs), accepted
+
+
+def _presentation_variants(gold: str) -> list[str]:
+    """Ways a model writes the same answer: other fraction macros, spacing, math mode, a period."""
+    return [gold.replace("\\frac", "\\dfrac"), gold.replace(" ", ""), f"${gold}$", f"{gold}.",
+            f"\\displaystyle {gold}", f"{{{gold}}}", f"  {gold} \\, ",
+            gold if "\\left" in gold else gold.replace("(", "\\left(").replace(")", "\\right)")]
+
+
+@pytest.mark.parametrize("path", FILES, ids=[p.stem for p in FILES])
+def test_presentation_variants_of_gold_verify(path):
+    failures = [(gold, variant, verdict.reason) for gold in _golds(path)
+                for variant in _presentation_variants(gold)
+                if not (verdict := check(variant, gold)).correct]
+    assert not failures
