@@ -69,7 +69,12 @@ class Executor:
         else:
             in_r, in_w = self.devnull, -1
         t0 = time.monotonic()
-        pid = os.fork()
+        try:
+            pid = os.fork()
+        except OSError as exc:  # e.g. ENOMEM: this call fails, the worker stays
+            for fd in {out_r, out_w, err_r, err_w, in_r, in_w} - {self.devnull, -1}:
+                os.close(fd)
+            return "sandbox_error", b"", f"fork failed: {exc}".encode(), None, 0.0, False
         if pid == 0:  # the call's process: never returns
             self._child(in_r, out_w, err_w, code, wrap, cpu_s)
         os.close(out_w)
@@ -293,9 +298,10 @@ class Executor:
             return "ok"
         if exit_code == _SETUP_FAILED and err.startswith(_SETUP_MARK):
             return "sandbox_error"
-        if exit_code in (-signal.SIGKILL, -signal.SIGXCPU):
-            cpu_limit = max(1, -(-cpu_s // 1))
-            if rusage.ru_utime + rusage.ru_stime >= cpu_limit - 0.05:
+        if exit_code == -signal.SIGXCPU:  # RLIMIT_CPU's soft limit (nothing else sends it)
+            return "timeout"
+        if exit_code == -signal.SIGKILL:  # its hard limit (SIGXCPU ignored); rusage is tick-sampled
+            if rusage.ru_utime + rusage.ru_stime >= 0.85 * max(1, -(-cpu_s // 1)):
                 return "timeout"
         lines = bytes(err).rstrip().rsplit(b"\n", 1)
         if exit_code > 0 and lines and _MEMORY_LINE.match(lines[-1]):

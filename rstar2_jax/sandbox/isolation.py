@@ -278,7 +278,7 @@ class Confinement:
         for res, value in self.rlimits:
             setrlimit(res, (value, value))
         cpu = max(1, math.ceil(cpu_s))
-        setrlimit(resource.RLIMIT_CPU, (cpu, cpu))  # soft == hard: the kernel sends SIGKILL
+        setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # the kernel: SIGXCPU, then SIGKILL a second later
         if self.ids is not None:
             uid, gid = self.ids
             os.setgroups([])

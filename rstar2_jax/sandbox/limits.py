@@ -10,6 +10,19 @@ import math
 import re
 
 STATUSES = ("ok", "runtime_error", "timeout", "memory", "output_limit", "sandbox_error")
+# Run once per worker after the preload: sympy loads whole subpackages lazily on first use (~100 ms for a
+# first ``factor``/``solve`` in a fresh process); doing it here makes every forked call start warm.
+SYMPY_WARMUP = """\
+import sys
+if "sympy" in sys.modules:
+    import sympy
+    x = sympy.Symbol("x")
+    sympy.factor(x**2 - 1); sympy.expand((x + 1)**3); sympy.solve(x**2 - 4, x)
+    sympy.simplify(sympy.sin(x)**2 + sympy.cos(x)**2); sympy.integrate(x**2, (x, 0, 1))
+    sympy.limit(sympy.sin(x) / x, x, 0); sympy.series(sympy.exp(x), x, 0, 3); sympy.nsimplify(0.5)
+    sympy.Matrix([[1, 2], [3, 4]]).det(); sympy.isprime(97); sympy.factorint(360); sympy.Rational(1, 3) + 1
+    sympy.latex(x**2); sympy.sympify("x + 1"); sympy.N(sympy.pi, 20)
+"""
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
@@ -39,6 +52,7 @@ class SandboxLimits:
     recursion_limit: int = 4000  # sys.setrecursionlimit in the call
     int_max_str_digits: int = 100_000  # sys.set_int_max_str_digits in the call
     preload: tuple[str, ...] = ("numpy", "sympy")  # modules imported once per worker
+    warmup: str = SYMPY_WARMUP  # trusted code run once per worker after the preload ("" for none)
     network: bool = False  # False: own network namespace (no interfaces up) where the OS allows
     namespaces: bool = True  # False: skip all namespaces (uid drop + rlimits only; for tests/odd kernels)
     user: str = "nobody"  # uid/gid the call drops to when the pool runs as root
@@ -60,6 +74,8 @@ class SandboxLimits:
         if not isinstance(self.preload, tuple) or not all(
                 isinstance(m, str) and _MODULE.match(m) for m in self.preload):
             raise ValueError(f"SandboxLimits.preload must be a tuple of dotted module names, got {self.preload!r}")
+        if not isinstance(self.warmup, str):
+            raise ValueError(f"SandboxLimits.warmup must be a str, got {type(self.warmup).__name__}")
         for name in ("network", "namespaces"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SandboxLimits.{name} must be a bool, got {getattr(self, name)!r}")

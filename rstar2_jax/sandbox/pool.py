@@ -43,6 +43,7 @@ import dataclasses
 import os
 import marshal
 import queue
+import select
 import signal
 import sys
 import threading
@@ -119,21 +120,28 @@ class _Worker:
             raise RuntimeError(f"sandbox worker failed to start: {info}")
         self.isolation = Isolation(**info["isolation"])
         self.init_pid = info["host_pid"]
+        self.fd = self.conn.fileno()
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
 
     def call(self, req: CodeRequest, limits: SandboxLimits) -> CodeResult:
         """One call; raises (EOFError, OSError, TimeoutError, RuntimeError) when the worker is unusable."""
         wall = limits.wall_s if req.timeout_s is None else float(req.timeout_s)
         cpu = limits.cpu_s if req.timeout_s is None else max(limits.cpu_s, wall)
-        self.conn.send_bytes(marshal.dumps(
-            ("run", req.code, req.stdin.encode("utf-8", "replace"), req.wrap, wall, cpu)))
-        if not self.conn.poll(wall + limits.grace_s):
+        fd = self.fd  # raw framing on the Connection's fd: the hot path skips its per-call selector
+        worker.send(fd, ("run", req.code, req.stdin.encode("utf-8", "replace"), req.wrap, wall, cpu))
+        if not self.poller.poll(1000.0 * (wall + limits.grace_s)):
             raise TimeoutError(f"worker gave no result {limits.grace_s} s after the wall limit")
-        message = marshal.loads(self.conn.recv_bytes())
+        message = worker.recv(fd)
         if message[0] != "result":
             raise RuntimeError(f"worker failed: {message[1]}")
         _, status, out, err, exit_code, duration, truncated = message
         return CodeResult(status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
                           exit_code, duration, truncated)
+
+    def idle_and_alive(self) -> bool:
+        """No message is waiting and the pipe is open (a dead init shows as readable: EOF)."""
+        return not self.poller.poll(0)
 
     def pids(self) -> list[int]:
         return [p for p in (self.proc.pid, self.init_pid) if p is not None]
@@ -200,6 +208,10 @@ class _Slot(threading.Thread):
             self.worker.stop()
 
     def _call(self, req: CodeRequest) -> CodeResult:
+        if self.worker is not None and not self.worker.idle_and_alive():  # died while idle: replace first
+            self.worker.kill()
+            self.pool._note_restart()
+            self.worker = None
         if self.worker is None:
             try:
                 self._start_worker()

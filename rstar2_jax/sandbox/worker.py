@@ -137,6 +137,8 @@ def init_main(fd: int, flags: str) -> None:
         ids = None if ns["user_ns"] else isolation.resolve_user(limits)
         for name in limits.preload:
             importlib.import_module(name)
+        if limits.warmup:
+            exec(compile(limits.warmup, "<warmup>", "exec"), {"__name__": "__warmup__"})
         private_tmp, private_proc, exposed = isolation.setup_mounts(ns, limits)
         readable = ids is None or isolation.stdlib_readable()  # seen through the mounts just made
         if not readable:  # the calls' uid cannot read the stdlib: import what math code commonly uses
@@ -149,6 +151,7 @@ def init_main(fd: int, flags: str) -> None:
                                    uid=None if ids is None else ids[0],
                                    user=None if ids is None else limits.user, exposed=exposed,
                                    stdlib_readable=readable)
+        base = None  # a directory of ours on the host's /tmp, removed when we exit
         if private_tmp:
             workdir = os.path.join("/tmp", WORKDIR_NAME)
         else:
@@ -172,18 +175,25 @@ def init_main(fd: int, flags: str) -> None:
     gc.collect()
     gc.freeze()  # forked calls never traverse (and so never copy) the preloaded objects
     send(fd, ("ready", {"isolation": dataclasses.asdict(info), "host_pid": host_pid, "workdir": workdir}))
+    status = 0
     while True:
         try:
             message = recv(fd)
         except EOFError:
-            os._exit(0)
+            break
         if message[0] != "run":
-            os._exit(0)
+            break
         _, code, stdin, wrap, wall_s, cpu_s = message
         try:
             result = executor.run(code, stdin, wrap, wall_s, cpu_s)
         except BaseException as exc:  # noqa: BLE001 - the pool replaces a worker that reports this
             send(fd, ("fatal", f"{type(exc).__name__}: {exc}"))
-            os._exit(1)
+            status = 1
+            break
         send(fd, ("result", *result))
+    if base is not None:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+    os._exit(status)
 

@@ -1,0 +1,192 @@
+"""Benchmark the sandbox pool against a naive subprocess per call and the bare-fork floor.
+
+Same concurrency everywhere: one call in flight per core. Configurations, for (a) trivial code and
+(b) ``import sympy`` plus a small computation:
+
+* naive: ``subprocess.run([sys.executable, "-c", code])`` per call (a fresh interpreter each time);
+* floor: separate processes with numpy and sympy imported, each looping fork -> exec the code with stdout
+  on a pipe -> read it -> wait; no isolation at all (the cost of a fresh process per call);
+* pool: ``SandboxPool(workers=cores)`` with its default limits, full isolation.
+
+Pool and floor run interleaved for several rounds (the machine may be shared); the median round counts.
+Ends with exactly one line::
+
+    bench_sandbox: speedup_trivial = <x> (target >= 3), floor_ratio = <f> (target <= 1.5), speedup_sympy = <y> (target >= 50)
+
+speedup = pool calls/s / naive calls/s; floor_ratio = floor calls/s / pool calls/s (trivial code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from tqdm import tqdm
+
+TRIVIAL = "print(1 + 1)"
+SYMPY = "import sympy\nprint(sympy.factorint(360), sympy.isprime(2**61 - 1))"
+EXPECTED = {TRIVIAL: "2\n", SYMPY: "{2: 3, 3: 2, 5: 1} True\n"}
+THREAD_VARS = {v: "1" for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")}
+
+FLOOR = r'''
+import os, sys, time
+import numpy, sympy
+code, n = sys.argv[1], int(sys.argv[2])
+print("ready", flush=True)
+sys.stdin.readline()
+lat = []
+for _ in range(n):
+    t = time.perf_counter()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(w, 1)
+        try:
+            exec(compile(code, "<code>", "exec"), {"__name__": "__main__"})
+        finally:
+            sys.stdout.flush()
+            os._exit(0)
+    os.close(w)
+    out = b""
+    while True:
+        chunk = os.read(r, 65536)
+        if not chunk:
+            break
+        out += chunk
+    os.close(r)
+    os.waitpid(pid, 0)
+    lat.append(time.perf_counter() - t)
+    assert out, "no output"
+print(" ".join(f"{x:.6f}" for x in lat), flush=True)
+'''
+
+
+class Run:
+    """Calls/s and per-call latencies (s) of one configuration in one round."""
+
+    def __init__(self, calls: int, elapsed: float, latencies: list[float]) -> None:
+        self.cps, self.latencies = calls / elapsed, latencies
+
+
+def _threads(concurrency: int, per_client: int, one_call, desc: str) -> Run:
+    lat: list[float] = []
+    lock = threading.Lock()
+    bar = tqdm(total=concurrency * per_client, desc=desc, leave=False, mininterval=0.5)
+
+    def client() -> None:
+        mine = []
+        for _ in range(per_client):
+            t = time.perf_counter()
+            one_call()
+            mine.append(time.perf_counter() - t)
+            bar.update(1)
+        with lock:
+            lat.extend(mine)
+
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    bar.close()
+    return Run(len(lat), elapsed, lat)
+
+
+def naive(code: str, concurrency: int, per_client: int) -> Run:
+    env = {**os.environ, **THREAD_VARS}
+
+    def one() -> None:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+        assert out.stdout == EXPECTED[code], out
+
+    return _threads(concurrency, per_client, one, f"naive {'sympy' if 'sympy' in code else 'trivial'}")
+
+
+def floor(code: str, concurrency: int, per_client: int) -> Run:
+    env = {**os.environ, **THREAD_VARS}
+    procs = [subprocess.Popen([sys.executable, "-c", FLOOR, code, str(per_client)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True, env=env) for _ in range(concurrency)]
+    for p in procs:
+        assert p.stdout.readline().strip() == "ready"
+    t0 = time.perf_counter()
+    for p in procs:
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    outputs = [p.stdout.readline() for p in procs]
+    elapsed = time.perf_counter() - t0
+    for p in procs:
+        p.wait()
+    lat = [float(x) for line in outputs for x in line.split()]
+    return Run(len(lat), elapsed, lat)
+
+
+def pool_run(pool, code: str, concurrency: int, per_client: int) -> Run:
+    from rstar2_jax.sandbox import CodeRequest
+
+    req = CodeRequest(code=code)
+
+    def one() -> None:
+        r = pool.run(req)
+        assert r.status == "ok" and r.stdout == EXPECTED[code], r
+
+    return _threads(concurrency, per_client, one, f"pool {'sympy' if 'sympy' in code else 'trivial'}")
+
+
+def summary(runs: list[Run]) -> tuple[float, float, float]:
+    """(median calls/s over rounds, p50 ms, p99 ms over all calls)."""
+    lat = sorted(x for r in runs for x in r.latencies)
+    pct = lambda q: 1000 * lat[min(len(lat) - 1, round(q * (len(lat) - 1)))]  # noqa: E731
+    return statistics.median(r.cps for r in runs), pct(0.50), pct(0.99)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved pool/floor rounds")
+    ap.add_argument("--calls", type=int, default=600, help="trivial calls per client per round (pool, floor)")
+    ap.add_argument("--sympy-calls", type=int, default=200, help="sympy calls per client per round")
+    ap.add_argument("--naive-calls", type=int, default=60, help="trivial naive calls per client")
+    ap.add_argument("--naive-sympy-calls", type=int, default=6, help="sympy naive calls per client")
+    ap.add_argument("--concurrency", type=int, default=os.cpu_count() or 1, help="calls in flight (cores)")
+    args = ap.parse_args()
+    from rstar2_jax.sandbox import CodeRequest, SandboxPool
+
+    c = args.concurrency
+    print(f"bench_sandbox: {c} in flight, {args.rounds} rounds, python {sys.version.split()[0]}", flush=True)
+    results: dict[str, list[Run]] = {k: [] for k in ("naive trivial", "naive sympy", "floor trivial",
+                                                      "floor sympy", "pool trivial", "pool sympy")}
+    results["naive trivial"].append(naive(TRIVIAL, c, args.naive_calls))
+    results["naive sympy"].append(naive(SYMPY, c, args.naive_sympy_calls))
+    with SandboxPool(workers=c) as pool:
+        pool.run_batch([CodeRequest(code=TRIVIAL)] * (20 * c))  # warm-up
+        for rnd in tqdm(range(args.rounds), desc="rounds", leave=False):
+            order = [("floor", floor), ("pool", None)] if rnd % 2 == 0 else [("pool", None), ("floor", floor)]
+            for name, fn in order:
+                for label, code, n in (("trivial", TRIVIAL, args.calls), ("sympy", SYMPY, args.sympy_calls)):
+                    run = fn(code, c, n) if fn else pool_run(pool, code, c, n)
+                    results[f"{name} {label}"].append(run)
+        stats = pool.stats()
+    print(f"isolation: {stats['isolation']}; pool statuses: {stats['statuses']}")
+    print(f"{'configuration':<16}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    table = {}
+    for name, runs in results.items():
+        table[name] = summary(runs)
+        cps, p50, p99 = table[name]
+        print(f"{name:<16}{cps:>10.1f}{p50:>10.2f}{p99:>10.2f}")
+    speedup_trivial = table["pool trivial"][0] / table["naive trivial"][0]
+    floor_ratio = table["floor trivial"][0] / table["pool trivial"][0]
+    speedup_sympy = table["pool sympy"][0] / table["naive sympy"][0]
+    print(f"pool trivial p50 {table['pool trivial'][1]:.2f} ms (target < 5); "
+          f"pool/floor sympy calls/s ratio {table['floor sympy'][0] / table['pool sympy'][0]:.2f}")
+    print(f"bench_sandbox: speedup_trivial = {speedup_trivial:.1f} (target >= 3), floor_ratio = {floor_ratio:.2f} "
+          f"(target <= 1.5), speedup_sympy = {speedup_sympy:.1f} (target >= 50)")
+
+
+if __name__ == "__main__":
+    main()
