@@ -33,6 +33,7 @@ from rstar2_jax.rewards import worker
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxLimits, SandboxPool
 
 STATUSES = ("ok", "timeout", "error")
+WORKER_MODULE = "rstar2_jax.rewards.worker"  # what the pool's workers must preload
 START_MARGIN_S = 1.0  # fork + setup of a sandbox call, on top of the check's own time limit
 MAX_DEFAULT_WORKERS = 8  # each worker holds sympy + the parser (~150 MB)
 _DEFAULT_POOL: list[SandboxPool] = []
@@ -60,7 +61,7 @@ def default_pool() -> SandboxPool:
     with _DEFAULT_LOCK:
         if not _DEFAULT_POOL:
             limits = SandboxLimits(wall_s=10.0, cpu_s=10.0, memory_mb=2048,
-                                   preload=("rstar2_jax.rewards.worker",))
+                                   preload=(WORKER_MODULE,))
             workers = max(1, min(MAX_DEFAULT_WORKERS, os.cpu_count() or 1))
             _DEFAULT_POOL.append(SandboxPool(workers=workers, limits=limits))
             atexit.register(close_default_pool)
@@ -104,8 +105,8 @@ def verify_batch(predictions: Sequence[str | None], golds: Sequence[str], timeou
     """Check ``predictions[i]`` against ``golds[i]`` (LaTeX box contents) with a hard per-check timeout.
 
     A ``None`` prediction (no answer extracted) scores 0 without a call. ``pool``: an existing
-    ``SandboxPool`` whose workers preload ``rstar2_jax.rewards.worker`` (others work, only slower);
-    default: ``default_pool()``. See the module docstring for the scheme and its bounds.
+    ``SandboxPool`` whose ``limits.preload`` includes ``rstar2_jax.rewards.worker`` (ValueError
+    otherwise); default: ``default_pool()``. See the module docstring for the scheme and its bounds.
     """
     if len(predictions) != len(golds):
         raise ValueError(f"verify_batch got {len(predictions)} predictions but {len(golds)} golds")
@@ -123,6 +124,9 @@ def verify_batch(predictions: Sequence[str | None], golds: Sequence[str], timeou
     if not todo:
         return results  # type: ignore[return-value]
     pool = pool if pool is not None else default_pool()
+    if WORKER_MODULE not in getattr(getattr(pool, "limits", None), "preload", ()):
+        # Without it every call would import sympy and the parser (seconds) inside its time limit.
+        raise ValueError(f"verify_batch needs a pool whose SandboxLimits.preload includes {WORKER_MODULE!r}")
     chunks = [todo[j:j + chunk_size] for j in range(0, len(todo), chunk_size)]
     requests = []
     for chunk in chunks:

@@ -10,6 +10,7 @@ import pytest
 
 from reward_cases import CASES, NEEDS_TIMEOUT
 from rstar2_jax.rewards.verify import VerifyResult, verify_batch
+from rstar2_jax.sandbox import SandboxLimits
 
 _SLOW = "\\binom{10^{6}}{500000}"  # the parser evaluates it in a Python loop: minutes
 
@@ -46,6 +47,14 @@ def test_killed_chunk_keeps_finished_cases_and_reruns_the_rest_alone(reward_pool
 def test_none_prediction_scores_zero_without_a_call():
     assert verify_batch([None], ["5"], 1.0) == [VerifyResult(correct=False, status="ok", reason="empty",
                                                                duration_s=0.0)]
+
+
+def test_pool_must_preload_the_worker():
+    class NoPreload:
+        limits = SandboxLimits(preload=("sympy",))
+
+    with pytest.raises(ValueError, match="preload"):
+        verify_batch(["1"], ["1"], 1.0, pool=NoPreload())
 
 
 def test_verify_batch_validates():
