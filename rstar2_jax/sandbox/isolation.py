@@ -212,7 +212,7 @@ def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> tuple[bool, bool
         if os.path.isdir(path) and not os.path.islink(path):
             try:
                 sc.mount("tmpfs", path, "tmpfs", sc.MS_NOSUID | sc.MS_NODEV,
-                         f"size={limits.tmpfs_mb}m,mode=1777")
+                         f"size={limits.tmpfs_mb}m,nr_inodes=16384,mode=1777")
             except OSError:
                 private_tmp = private_tmp and path != "/tmp"
     exposed = expose_python(python_paths()) if os.geteuid() == 0 else ()

@@ -13,25 +13,39 @@ Usage::
 What a user should know:
 
 * Workers are spawned with ``multiprocess`` (never forked from the caller, so a JAX-loaded, multithreaded
-  parent is safe) and exec a clean interpreter: no environment variable and no memory of the parent
-  reaches a call. Each worker imports ``limits.preload`` (numpy, sympy by default; any importable module
-  works) once; every call is a fresh fork of it (no state leaks between calls), so ``import sympy`` costs
-  nothing. BLAS is single-threaded (``OPENBLAS_NUM_THREADS=1`` etc.); ``MPLBACKEND=Agg``.
-* Isolation (``pool.isolation`` / ``stats()["isolation"]``), each layer where the OS allows: per-worker
-  pid, net, ipc and mount namespaces (created once, so not paid per call; no network; private tmpfs
-  /tmp, /var/tmp, /dev/shm wiped after every call); a uid drop to ``limits.user`` (``nobody``) with
-  ``PR_SET_NO_NEW_PRIVS`` when the pool runs as root (as non-root: a user namespace instead, or only
-  rlimits). Rlimits per call: address space, CPU, file size, processes (per uid: shared by all calls
-  running as that uid on the machine), open files. The wall limit is enforced by the worker with SIGKILL
-  of the call's whole process tree; leftovers (daemons, double forks) are killed when the call ends.
+  parent is safe; the caller's ``__main__`` is not re-imported) and exec a clean interpreter: no
+  environment variable and no memory of the parent reaches a call. Each worker imports
+  ``limits.preload`` (numpy, sympy by default; any importable module works) once and runs
+  ``limits.warmup`` (by default it exercises sympy so that its lazily loaded subpackages are in memory);
+  every call is a fresh fork of that worker (no state leaks between calls), so ``import sympy`` costs
+  nothing. BLAS is single-threaded (``OPENBLAS_NUM_THREADS=1`` etc.), ``MPLBACKEND=Agg``, the working
+  directory (also ``HOME`` and ``TMPDIR``) is a fresh private directory, ``sys.setrecursionlimit`` and
+  ``sys.set_int_max_str_digits`` come from the limits.
+* Isolation (``pool.isolation.mode``, also ``stats()["isolation"]``), each layer where the OS allows:
+  per-worker pid, net, ipc and mount namespaces (created once, so not paid per call): no network, a
+  call sees and can signal only its own processes, private tmpfs /tmp, /var/tmp, /dev/shm wiped after
+  every call. As root, calls run as ``limits.user`` (``nobody``) with ``PR_SET_NO_NEW_PRIVS``; if the
+  Python install sits under a directory closed to that user (e.g. ``/root/.pyenv``), the worker's mount
+  namespace shows the calls that directory with only the install in it. As non-root: a user namespace,
+  else rlimits only. Rlimits per call: address space (``memory_mb``), CPU, file size, processes (counted
+  per uid: shared by all calls running as ``nobody`` on the machine), open files. The wall limit is
+  enforced by the worker (SIGKILL of the call's whole process tree); leftovers of a call (daemons,
+  double forks, ``setsid``) are killed when its main process ends.
+* Without namespaces (``limits.namespaces=False`` or an OS that refuses them) isolation is weaker: the
+  network is reachable, a call can see other processes and signal other ``nobody`` processes, files a
+  call leaves in the shared /tmp are removed after it by owner, and if the stdlib is unreadable to
+  ``nobody`` only preloaded modules and ``isolation.COMMON_STDLIB`` can be imported.
 * Statuses: ``ok``, ``runtime_error`` (non-zero exit or signal), ``timeout`` (wall or CPU limit),
   ``memory`` (the call ended on a ``MemoryError``), ``output_limit`` (a stream exceeded
   ``limits.output_bytes``; the call is killed and ``truncated`` is set), ``sandbox_error`` (the worker
-  died or failed; it is replaced). Every submitted request gets exactly one result.
-* A pool runs at most ``workers`` calls at once (one per core is a good default) and queues the rest;
-  ``close()`` lets queued calls finish (``close(cancel_pending=True)`` answers them with
+  died or failed; it is replaced). Every submitted request gets exactly one result; futures never
+  raise. ``stats()``: calls, status counts, latency p50/p99 (ms, dispatch to result), queue wait, queue
+  depth, restarts, isolation.
+* A pool runs at most ``workers`` calls at once (one per core is a good default) and queues the rest
+  (FIFO); ``close()`` lets queued calls finish (``close(cancel_pending=True)`` answers them with
   ``sandbox_error`` instead). Preloaded modules are imported before the private /tmp is mounted; a module
-  that lazily imports files under /tmp later will not find them.
+  that lazily imports files under /tmp later will not find them. ``multiprocess`` keeps one
+  ``resource_tracker`` process alive next to the workers.
 """
 
 from __future__ import annotations
@@ -40,8 +54,8 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
-import os
 import marshal
+import os
 import queue
 import select
 import signal
