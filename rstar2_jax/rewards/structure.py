@@ -11,7 +11,8 @@ interval and ``1,2`` as a set):
   alike; open != closed).
 * ``Unordered``: ``\\{a,b\\}`` or a bare list ``a, b`` (also ``a \\text{ and } b``, ``a \\pm b``); a
   lone answer is a one-item list. Compared as sets.
-* ``Union``: ``A \\cup B``; ``Matrix``: ``\\begin{pmatrix}..\\end{pmatrix}`` (any delimiters);
+* ``Union``: ``A \\cup B``; ``Matrix``: ``\\begin{pmatrix}..\\end{pmatrix}`` (also ``bmatrix``,
+  ``Bmatrix``, ``matrix``, ``array``; a ``vmatrix`` is a determinant, i.e. a scalar);
   ``Equation``: ``a = b (= c)``; ``Relation``: ``a < b \\le c``; ``Based``: ``52_8``;
   ``Scalar``: everything else.
 """
@@ -23,14 +24,17 @@ import re
 from typing import Union as _U
 
 _OPEN, _CLOSE = "{([", "})]"
-_MATRIX = re.compile(r"^\\begin\{([pbBvV]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.S)
+_MATRIX = re.compile(r"^\\begin\{([pbB]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.S)
 _BASED = re.compile(r"^(?=[0-9A-Z]*\d)([0-9A-Z]+)_\{?(\d+)\}?$")
 _LIST_WORD = re.compile(r"\\text\{(?:and|or)\}|(?<![a-zA-Z\\])(?:and|or)(?![a-zA-Z])")
+_ITEM_SEP = re.compile(r",|;|" + _LIST_WORD.pattern)
 _REL = re.compile(r"\\le(?![a-z])|\\ge(?![a-z])|\\lt(?![a-z])|\\gt(?![a-z])|<|>")
 _REL_CANON = {r"\le": "<=", r"\ge": ">=", r"\lt": "<", r"\gt": ">", "<": "<", ">": ">"}
 _PM = re.compile(r"\\(?:pm|mp)(?![a-zA-Z])")
 _TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mbox|hbox)\s*\{")
 _NEVER = re.compile(r"(?!)")
+_EQ = re.compile(r"=")
+_CUP = re.compile(r"\\cup(?![a-zA-Z])")
 MAX_ITEMS = 64
 
 
@@ -85,9 +89,9 @@ class Relation:
 Node = _U[Scalar, Based, Bracketed, Unordered, Union, Matrix, Equation, Relation]
 
 
-def split_top(text: str, separators: re.Pattern[str]) -> list[str]:
-    """Split ``text`` at matches of ``separators`` that sit outside every bracket pair."""
-    parts, depth, start, i = [], 0, 0, 0
+def _split_top(text: str, separators: re.Pattern[str]) -> tuple[list[str], list[str]]:
+    """(parts, separators) of ``text`` split at matches outside every bracket pair."""
+    parts, seps, depth, start, i = [], [], 0, 0, 0
     while i < len(text):
         ch = text[i]
         if ch == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
@@ -104,13 +108,19 @@ def split_top(text: str, separators: re.Pattern[str]) -> list[str]:
             match = separators.match(text, i)
             if match and match.end() > i:
                 parts.append(text[start:i])
+                seps.append(match.group(0))
                 start = i = match.end()
                 continue
         i += 1
     if depth != 0:
         raise StructureError("unbalanced delimiters")
     parts.append(text[start:])
-    return parts
+    return parts, seps
+
+
+def split_top(text: str, separators: re.Pattern[str]) -> list[str]:
+    """Split ``text`` at matches of ``separators`` that sit outside every bracket pair."""
+    return _split_top(text, separators)[0]
 
 
 def balanced(text: str) -> bool:
@@ -120,26 +130,6 @@ def balanced(text: str) -> bool:
     except StructureError:
         return False
     return True
-
-
-def _split_rel(text: str) -> tuple[list[str], list[str]]:
-    sides, ops, depth, start, i = [], [], 0, 0, 0
-    while i < len(text):
-        ch = text[i]
-        if ch in _OPEN:
-            depth += 1
-        elif ch in _CLOSE:
-            depth -= 1
-        elif depth == 0:
-            match = _REL.match(text, i)
-            if match:
-                sides.append(text[start:i])
-                ops.append(_REL_CANON[match.group(0)])
-                start = i = match.end()
-                continue
-        i += 1
-    sides.append(text[start:])
-    return sides, ops
 
 
 def _enclosed(text: str, left: str, right: str) -> bool:
@@ -178,7 +168,7 @@ def _expand_pm(item: str) -> list[str]:
 
 
 def _items(text: str) -> list[str]:
-    items = [p.strip() for p in split_top(text, re.compile(r",|;|" + _LIST_WORD.pattern))]
+    items = [p.strip() for p in split_top(text, _ITEM_SEP)]
     if len(items) > MAX_ITEMS:
         raise StructureError("too many items")
     return items
@@ -193,7 +183,7 @@ def parse_structure(text: str) -> Node:
         return Unordered(items=())
     if text == r"\mathbb{R}":
         return Bracketed(left="(", right=")", items=(Scalar(latex=r"-\infty"), Scalar(latex=r"\infty")))
-    parts = split_top(text, re.compile(r"\\cup(?![a-zA-Z])"))
+    parts = split_top(text, _CUP)
     if len(parts) > 1:
         return Union(parts=tuple(parse_structure(p) for p in parts))
     items = _items(text)
@@ -225,12 +215,13 @@ def _parse_item(text: str) -> Node:
             return Bracketed(left=text[0], right=text[-1], items=tuple(parse_structure(i) for i in inner))
         if text[0] + text[-1] in ("()", "[]"):
             return _parse_item(text[1:-1].strip())
-    sides = split_top(text, re.compile(r"="))
+    sides = split_top(text, _EQ)
     if len(sides) > 1:
         if any(not s.strip() for s in sides):
             raise StructureError("empty side of an equation")
         return Equation(sides=tuple(s.strip() for s in sides))
-    rel_sides, ops = _split_rel(text)
+    rel_sides, ops = _split_top(text, _REL)
+    ops = [_REL_CANON[op] for op in ops]
     if ops:
         if any(not s.strip() for s in rel_sides):
             raise StructureError("empty side of a relation")
