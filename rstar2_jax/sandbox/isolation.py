@@ -5,11 +5,11 @@ Layers, each used where the OS allows and reported in ``Isolation``:
 * namespaces, entered once per worker: pid (the worker's init is pid 1; a call cannot see or signal other
   calls or the host, and ``kill(-1)`` from the init ends every leftover process of a call), net (no
   interface is up: no network), ipc (SysV IPC disabled), mount (private tmpfs on the world-writable
-  directories, wiped after each call, and a /proc that shows only the namespace). As root the namespaces
-  are created directly; otherwise inside a new user namespace.
+  directories, wiped after each call, a /proc that shows only the namespace, and ``expose_python``). As
+  root the namespaces are created directly; otherwise inside a new user namespace.
 * per call, in the forked child: rlimits (address space, CPU, file size, processes, open files, no core
   files), the uid/gid drop to ``SandboxLimits.user`` when running as root (capabilities dropped otherwise),
-  ``PR_SET_NO_NEW_PRIVS``, and ``PR_SET_PDEATHSIG``.
+  ``PR_SET_PDEATHSIG`` without a pid namespace; ``PR_SET_NO_NEW_PRIVS`` is set once in the init.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Isolation:
     private_proc: bool = False
     uid: int | None = None  # uid the calls run as after the drop; None: no drop (pool not root)
     user: str | None = None
-    exposed: tuple[str, ...] = ()  # private-to-others dirs (e.g. /root) replaced by a view of the Python install
+    exposed: tuple[str, ...] = ()  # dirs closed to others (e.g. /root) shown as just the Python install
     stdlib_readable: bool = True  # the calls can import stdlib modules that are not preloaded
 
     @property
@@ -223,10 +223,11 @@ def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> tuple[bool, bool
             private_proc = True
         except OSError:
             pass
-    if ns["ipc_ns"] and private_proc:  # SysV IPC objects would outlive a call: allow none
-        for name, value in (("shmmni", "0"), ("msgmni", "0"), ("sem", "0 0 0 0")):
+    if ns["ipc_ns"] and private_proc:  # SysV IPC objects and POSIX queues would outlive a call: allow none
+        for name, value in (("kernel/shmmni", "0"), ("kernel/msgmni", "0"), ("kernel/sem", "0 0 0 0"),
+                            ("fs/mqueue/queues_max", "0")):
             try:
-                _write(f"/proc/sys/kernel/{name}", value)
+                _write(f"/proc/sys/{name}", value)
             except OSError:
                 pass
     return private_tmp, private_proc, exposed

@@ -5,8 +5,6 @@ from __future__ import annotations
 import os
 import pwd
 
-import psutil
-
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxLimits, SandboxPool
 
 SECRET_NAME, SECRET_VALUE = "RSTAR2_SANDBOX_TEST_SECRET", "s3cr3t-hunter2-value"
@@ -21,33 +19,44 @@ def _nobody_uid() -> int | None:
         return None
 
 
+def _processes() -> dict[int, tuple[int, int, str]]:
+    """pid -> (parent pid, real uid, command line) of every process, from /proc (no psutil needed)."""
+    table = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/status") as f:
+                uid = int(next(line for line in f if line.startswith("Uid:")).split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")[:80]
+        except (OSError, StopIteration, ValueError, IndexError):
+            continue
+        table[int(name)] = (ppid, uid, cmd)
+    return table
+
+
+def _below(table: dict[int, tuple[int, int, str]], roots: set[int]) -> set[int]:
+    found, frontier = set(), set(roots)
+    while frontier:
+        frontier = {pid for pid, (ppid, _, _) in table.items() if ppid in frontier} - found
+        found |= frontier
+    return found
+
+
 def strays(pool: SandboxPool) -> list[str]:
     """Processes a call left behind: anything under the pool's workers except their inits, and any
     process of the sandbox uid under this test process."""
-    pids = set(pool.worker_pids())
-    found: dict[int, str] = {}
-    for pid in pids:
-        try:
-            for p in psutil.Process(pid).children(recursive=True):
-                if p.pid not in pids:
-                    found[p.pid] = "below a worker"
-        except psutil.NoSuchProcess:
-            continue
+    table = _processes()
+    workers = set(pool.worker_pids())
+    out = {pid: "below a worker" for pid in _below(table, workers) - workers}
     uid = _nobody_uid()
-    if uid is not None:
-        for p in psutil.Process().children(recursive=True):
-            try:
-                if p.uids().real == uid:
-                    found[p.pid] = "owned by nobody"
-            except psutil.NoSuchProcess:
-                continue
-    out = []
-    for pid, why in found.items():
-        try:
-            out.append(f"{pid} ({why}): {' '.join(psutil.Process(pid).cmdline())[:80]}")
-        except psutil.NoSuchProcess:
-            continue
-    return out
+    for pid in _below(table, {os.getpid()}):
+        if pid in table and table[pid][1] == uid:
+            out[pid] = "owned by nobody"
+    return [f"{pid} ({why}): {table[pid][2]}" for pid, why in out.items() if pid in table]
 
 
 def check_healthy(pool: SandboxPool) -> None:

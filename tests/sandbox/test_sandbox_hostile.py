@@ -294,3 +294,16 @@ def test_calls_see_only_their_namespace(ns_pool):
     r = run_checked(ns_pool, "import os\nsorted(int(p) for p in os.listdir('/proc') if p.isdigit())")
     pids = eval(r.stdout)
     assert len(pids) == 2 and pids[0] == 1, r  # the init and the call itself
+
+
+def test_no_ipc_objects_that_would_outlive_a_call(ns_pool):
+    if not (ns_pool.isolation.ipc_ns and ns_pool.isolation.private_proc):
+        pytest.skip("no ipc namespace on this machine")
+    src = code("""
+        import ctypes, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        rt = ctypes.CDLL("librt.so.1", use_errno=True)
+        print(libc.shmget(0, 4096, 0o1600), rt.mq_open(b"/q", os.O_CREAT | os.O_RDWR, 0o600, None))
+    """)
+    r = run_checked(ns_pool, src)
+    assert (r.status, r.stdout) == ("ok", "-1 -1\n"), r

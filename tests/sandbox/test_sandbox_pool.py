@@ -223,3 +223,17 @@ def test_fallback_mode_reports_itself(fallback_pool):
     assert iso.mode == ("uid(nobody)" if os.geteuid() == 0 else "rlimits-only")
     r = fallback_pool.run(CodeRequest(code="import os\nos.getcwd() == os.environ['HOME'] == os.environ['TMPDIR']"))
     assert r.stdout == "True\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as nobody")
+def test_the_stray_check_sees_a_nobody_process(ns_pool):
+    from sandbox_checks import strays
+
+    uid = ns_pool.isolation.uid
+    proc = subprocess.Popen(["sleep", "30"], user=uid, group=uid, extra_groups=[])  # a fake leftover
+    try:
+        assert any(str(proc.pid) in line for line in strays(ns_pool))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert strays(ns_pool) == []
