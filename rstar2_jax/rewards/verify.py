@@ -11,9 +11,11 @@ Scheme, two passes, each bounded:
    ``timeout_s`` (interrupts Python-level work, e.g. a long ``simplify``) and its result line is
    flushed as soon as it is done. The chunk's wall limit is ``timeout_s + chunk_size * chunk_case_s``
    (capped at ``chunk_size * timeout_s``) plus a start-up margin.
-2. If a chunk is killed (a case stuck in C code, or just a slow machine), its finished lines are
-   kept and each unfinished case is re-run alone with wall limit ``timeout_s`` (+ margin). A case
-   that still does not finish scores 0 with status ``timeout`` (``error`` if its process crashed).
+2. A chunk stops after its first case that is not ``ok`` (``worker.py``), and it is killed at its
+   wall limit (a case stuck in C code, or just a slow machine). Its finished lines are kept and
+   each unfinished case is re-run alone, in a fresh process, with wall limit ``timeout_s``
+   (+ margin). A case that still does not finish scores 0 with status ``timeout`` (``error`` if
+   its process crashed).
 
 Worst case for a batch: one chunk wall plus one single-case wall per worker round, whatever the
 input. ``VerifyResult.status`` is ``ok`` (the check ran; ``correct`` and ``reason`` are its verdict),

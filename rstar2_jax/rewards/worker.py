@@ -3,8 +3,10 @@
 Protocol: stdin is ``{"cases": [[pred, gold], ...], "timeout_s": t}``; stdout gets one JSON line per
 case, flushed as soon as the case is done, ``{"i", "status", "correct", "reason", "duration_s"}``
 with status ``ok``, ``timeout`` (a soft ``SIGALRM`` at ``t`` interrupted Python-level work) or
-``error``. A case stuck in C code ignores the alarm; the pool's wall limit then kills the whole call
-and ``verify.py`` re-runs the unfinished cases one per call.
+``error``. After a case that is not ``ok`` the program stops (an interrupted check may leave the
+parser's caches half-written), and ``verify.py`` re-runs the remaining cases one per call, each in a
+fresh process. A case stuck in C code ignores the alarm; the pool's wall limit then kills the whole
+call, with the same re-run.
 
 Importing this module warms the LaTeX parser (ANTLR fills its caches on first use), so the pool's
 workers, which preload it, hand every forked call a warm parser.
@@ -49,7 +51,7 @@ def run_case(pred: str, gold: str, timeout_s: float) -> dict:
 
 
 def main() -> None:
-    """Read the cases from stdin and print one result line per case."""
+    """Read the cases from stdin and print one result line per case, stopping after a failed case."""
     payload = json.loads(sys.stdin.read())
     timeout_s = float(payload["timeout_s"])
     for i, (pred, gold) in enumerate(payload["cases"]):
@@ -57,6 +59,8 @@ def main() -> None:
         row["i"] = i
         sys.stdout.write(json.dumps(row) + "\n")
         sys.stdout.flush()
+        if row["status"] != "ok":
+            return  # an interrupted check may leave caches half-written: the rest get fresh processes
 
 
 def _warm_up() -> None:

@@ -35,13 +35,15 @@ def test_slow_check_times_out_without_stalling_the_batch(reward_pool):
     assert [r.status for r in results] == ["ok", "timeout", "ok", "timeout", "ok"]
 
 
-def test_killed_chunk_keeps_finished_cases_and_reruns_the_rest_alone(reward_pool):
-    # Chunk wall = min(5 * 1.5, 1.5 + 5 * 0.01) + 1 = 2.55 s: the first slow case uses 1.5 s (soft
-    # timeout), the second is killed mid-way with the whole call; the cases after it never ran.
+def test_chunk_stops_at_a_timeout_and_the_rest_rerun_alone(reward_pool):
+    # One chunk of 5: case 1 hits the soft alarm, the chunk stops there (its process may hold
+    # half-written caches), and cases 2-4 are re-run one per fresh call; case 2 times out again.
     preds = ["5", _SLOW, _SLOW, "5.0", "4"]
-    results = verify_batch(preds, ["5"] * 5, 1.5, pool=reward_pool, chunk_size=5, chunk_case_s=0.01)
+    calls = reward_pool.stats()["calls"]
+    results = verify_batch(preds, ["5"] * 5, 1.0, pool=reward_pool, chunk_size=5)
     assert [r.status for r in results] == ["ok", "timeout", "timeout", "ok", "ok"]
     assert [r.correct for r in results] == [True, False, False, True, False]
+    assert reward_pool.stats()["calls"] - calls == 1 + 3  # the chunk, then cases 2-4 alone
 
 
 def test_none_prediction_scores_zero_without_a_call():
