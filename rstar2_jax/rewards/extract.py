@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from rstar2_jax.rewards.normalize import matching_braces
+
 STATUSES = ("ok", "no_box", "conflicting")
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
@@ -59,24 +61,9 @@ def _box_at(text: str, match: re.Match[str]) -> tuple[str, int] | None:
     return None
 
 
-def _matching_braces(text: str) -> dict[int, int]:
-    """Index of each ``{`` -> index of its ``}`` (escaped ``\\{``/``\\}`` skipped), in one pass."""
-    pairs, stack, i = {}, [], 0
-    while i < len(text):
-        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
-            i += 2
-            continue
-        if text[i] == "{":
-            stack.append(i)
-        elif text[i] == "}" and stack:
-            pairs[stack.pop()] = i
-        i += 1
-    return pairs
-
-
 def _unwrap(content: str) -> str:
     """``\\boxed{\\boxed{5}}`` -> ``5`` (a box that is the whole content of a box); linear time."""
-    pairs = _matching_braces(content)
+    pairs = matching_braces(content)
     start, end = 0, len(content)
     while True:
         while start < end and content[start].isspace():

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import re
 
-_FONT = r"\\(?:mathrm|mathbf|mathit|mathsf|mathtt|boldsymbol|bm|operatorname\*?|textnormal)"
+_FONT = r"\\(?:mathrm|mathbf|mathit|mathsf|mathtt|boldsymbol|bm|textnormal)"
 _TEXT = r"\\(?:text|textrm|textbf|textit|textsf|texttt|mbox|hbox)"
 
 _SIMPLE_REPLACEMENTS: tuple[tuple[str, str], ...] = (
@@ -63,20 +63,30 @@ _WS = re.compile(r"\s+")
 _COMMA_NUMBER = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
 
 
+def matching_braces(text: str) -> dict[int, int]:
+    """Index of each ``{`` -> index of its ``}``, in one pass (escaped ``\\{``/``\\}`` are skipped)."""
+    pairs, stack, i = {}, [], 0
+    while i < len(text):
+        if text[i] == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
+            i += 2
+            continue
+        if text[i] == "{":
+            stack.append(i)
+        elif text[i] == "}" and stack:
+            pairs[stack.pop()] = i
+        i += 1
+    return pairs
+
+
 def _unwrap_command(text: str, command: str) -> str:
-    """Replace every ``<command>{body}`` by ``body`` (balanced braces; innermost first is not needed)."""
+    """Replace every ``<command>{body}`` by ``body`` (an unclosed one and what follows stay)."""
     pattern = re.compile(command + r"\s*\{")
     while True:
         match = pattern.search(text)
-        if match is None:
+        end = matching_braces(text).get(match.end() - 1) if match else None
+        if end is None:
             return text
-        start, i, depth = match.start(), match.end(), 1
-        while i < len(text) and depth:
-            depth += {"{": 1, "}": -1}.get(text[i], 0)
-            i += 1
-        if depth:  # unbalanced: leave the rest alone
-            return text
-        text = text[:start] + text[match.end():i - 1] + text[i:]
+        text = text[:match.start()] + text[match.end():end] + text[end + 1:]
 
 
 def strip_thousands(item: str) -> str:
@@ -127,20 +137,7 @@ def normalize(latex: str) -> str:
 def _strip_group(text: str) -> str:
     """``{5}`` -> ``5``: outer TeX grouping braces, not a set (a set is written ``\\{5\\}``)."""
     for _ in range(32):  # deeper nesting is refused by the guard anyway
-        if not (text.startswith("{") and _group_end(text) == len(text) - 1):
+        if not (text.startswith("{") and matching_braces(text).get(0) == len(text) - 1):
             break
         text = text[1:-1].strip()
     return text
-
-
-def _group_end(text: str) -> int:
-    """Index of the ``}`` closing the ``{`` at 0 (-1 if none)."""
-    depth = 0
-    for i in range(len(text)):
-        if text[i] == "{" and (i == 0 or text[i - 1] != "\\"):
-            depth += 1
-        elif text[i] == "}" and (i == 0 or text[i - 1] != "\\"):
-            depth -= 1
-            if depth == 0:
-                return i
-    return -1

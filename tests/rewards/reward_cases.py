@@ -97,6 +97,8 @@ CASES: list[Case] = [
     Case("14+4\\sqrt{37}", "14+4\\sqrt{38}", False, "radical"),
     Case("2", "\\sqrt[3]{8}", True, "radical"),
     Case("3", "\\log_2 8", True, "log"),
+    Case("6", "\\operatorname{lcm}(2,3)", True, "function"),
+    Case("6", "\\gcd(12, 18)", True, "function"),
     Case("2\\sqrt{2}", "2.828", False, "decimal-irrational"),
     Case("\\sqrt{2}", "1.41421356237", False, "decimal-irrational"),
     Case("\\pi", "3.14", False, "pi"),
