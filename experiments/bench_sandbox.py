@@ -14,6 +14,9 @@ Ends with exactly one line::
     bench_sandbox: speedup_trivial = <x> (target >= 3), floor_ratio = <f> (target <= 1.5), speedup_sympy = <y> (target >= 50)
 
 speedup = pool calls/s / naive calls/s; floor_ratio = floor calls/s / pool calls/s (trivial code).
+Also reported: CPU time per call of every process involved (pool: this process, the workers and their
+calls; floor: the forking processes and their children), which a busy machine distorts less than calls/s.
+The pool's workers warm sympy once (``SandboxLimits.warmup``); the floor, by definition, does not.
 """
 
 from __future__ import annotations
@@ -67,13 +70,28 @@ print(" ".join(f"{x:.6f}" for x in lat), flush=True)
 
 
 class Run:
-    """Calls/s and per-call latencies (s) of one configuration in one round."""
+    """Calls/s, per-call latencies (s) and CPU seconds per call (all processes involved) of one round."""
 
-    def __init__(self, calls: int, elapsed: float, latencies: list[float]) -> None:
-        self.cps, self.latencies = calls / elapsed, latencies
+    def __init__(self, calls: int, elapsed: float, latencies: list[float], cpu_s: float) -> None:
+        self.cps, self.latencies, self.cpu_per_call = calls / elapsed, latencies, cpu_s / max(1, calls)
 
 
-def _threads(concurrency: int, per_client: int, one_call, desc: str) -> Run:
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds of a process and of its reaped children (utime + stime + cutime + cstime)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / _TICK
+
+
+def self_cpu() -> float:
+    """CPU seconds of this process (all threads) and of its reaped children."""
+    return sum(os.times()[:4])
+
+
+def _threads(concurrency: int, per_client: int, one_call, desc: str, cpu=self_cpu) -> Run:
     lat: list[float] = []
     lock = threading.Lock()
     bar = tqdm(total=concurrency * per_client, desc=desc, leave=False, mininterval=0.5)
@@ -89,14 +107,14 @@ def _threads(concurrency: int, per_client: int, one_call, desc: str) -> Run:
             lat.extend(mine)
 
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
-    t0 = time.perf_counter()
+    c0, t0 = cpu(), time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    elapsed = time.perf_counter() - t0
+    elapsed, used = time.perf_counter() - t0, cpu() - c0
     bar.close()
-    return Run(len(lat), elapsed, lat)
+    return Run(len(lat), elapsed, lat, used)
 
 
 def naive(code: str, concurrency: int, per_client: int) -> Run:
@@ -115,16 +133,16 @@ def floor(code: str, concurrency: int, per_client: int) -> Run:
                               stdout=subprocess.PIPE, text=True, env=env) for _ in range(concurrency)]
     for p in procs:
         assert p.stdout.readline().strip() == "ready"
-    t0 = time.perf_counter()
+    c0, t0 = sum(proc_cpu(p.pid) for p in procs), time.perf_counter()
     for p in procs:
         p.stdin.write("go\n")
         p.stdin.flush()
     outputs = [p.stdout.readline() for p in procs]
-    elapsed = time.perf_counter() - t0
+    elapsed, used = time.perf_counter() - t0, sum(proc_cpu(p.pid) for p in procs) - c0
     for p in procs:
         p.wait()
     lat = [float(x) for line in outputs for x in line.split()]
-    return Run(len(lat), elapsed, lat)
+    return Run(len(lat), elapsed, lat, used)
 
 
 def pool_run(pool, code: str, concurrency: int, per_client: int) -> Run:
@@ -136,14 +154,17 @@ def pool_run(pool, code: str, concurrency: int, per_client: int) -> Run:
         r = pool.run(req)
         assert r.status == "ok" and r.stdout == EXPECTED[code], r
 
-    return _threads(concurrency, per_client, one, f"pool {'sympy' if 'sympy' in code else 'trivial'}")
+    pids = pool.worker_pids()  # the spawned workers (idle) and their inits, which reap every call
+    cpu = lambda: self_cpu() + sum(proc_cpu(p) for p in pids)  # noqa: E731
+    return _threads(concurrency, per_client, one, f"pool {'sympy' if 'sympy' in code else 'trivial'}", cpu)
 
 
-def summary(runs: list[Run]) -> tuple[float, float, float]:
-    """(median calls/s over rounds, p50 ms, p99 ms over all calls)."""
+def summary(runs: list[Run]) -> tuple[float, float, float, float]:
+    """(median calls/s over rounds, p50 ms, p99 ms over all calls, median CPU ms per call)."""
     lat = sorted(x for r in runs for x in r.latencies)
     pct = lambda q: 1000 * lat[min(len(lat) - 1, round(q * (len(lat) - 1)))]  # noqa: E731
-    return statistics.median(r.cps for r in runs), pct(0.50), pct(0.99)
+    cpu = 1000 * statistics.median(r.cpu_per_call for r in runs)
+    return statistics.median(r.cps for r in runs), pct(0.50), pct(0.99), cpu
 
 
 def main() -> None:
@@ -173,17 +194,19 @@ def main() -> None:
                     results[f"{name} {label}"].append(run)
         stats = pool.stats()
     print(f"isolation: {stats['isolation']}; pool statuses: {stats['statuses']}")
-    print(f"{'configuration':<16}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    print(f"{'configuration':<16}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU ms/call':>13}")
     table = {}
     for name, runs in results.items():
         table[name] = summary(runs)
-        cps, p50, p99 = table[name]
-        print(f"{name:<16}{cps:>10.1f}{p50:>10.2f}{p99:>10.2f}")
+        cps, p50, p99, cpu = table[name]
+        print(f"{name:<16}{cps:>10.1f}{p50:>10.2f}{p99:>10.2f}{cpu:>13.2f}")
     speedup_trivial = table["pool trivial"][0] / table["naive trivial"][0]
     floor_ratio = table["floor trivial"][0] / table["pool trivial"][0]
     speedup_sympy = table["pool sympy"][0] / table["naive sympy"][0]
-    print(f"pool trivial p50 {table['pool trivial'][1]:.2f} ms (target < 5); "
-          f"pool/floor sympy calls/s ratio {table['floor sympy'][0] / table['pool sympy'][0]:.2f}")
+    print(f"pool trivial p50 {table['pool trivial'][1]:.2f} ms (target < 5); CPU per call pool/floor: trivial "
+          f"{table['pool trivial'][3] / table['floor trivial'][3]:.2f}, sympy "
+          f"{table['pool sympy'][3] / table['floor sympy'][3]:.2f} (load-independent; calls/s on a busy machine "
+          f"also depends on how the scheduler shares the cores)")
     print(f"bench_sandbox: speedup_trivial = {speedup_trivial:.1f} (target >= 3), floor_ratio = {floor_ratio:.2f} "
           f"(target <= 1.5), speedup_sympy = {speedup_sympy:.1f} (target >= 50)")
 

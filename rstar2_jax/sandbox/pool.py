@@ -215,7 +215,10 @@ class _Slot(threading.Thread):
             if not future.set_running_or_notify_cancel():
                 continue
             started = time.monotonic()
-            result = self._call(req)
+            try:
+                result = self._call(req)
+            except BaseException as exc:  # noqa: BLE001 - a bug here must still answer the request
+                result = _error_result(f"sandbox error: {type(exc).__name__}: {exc}")
             pool._record(result, submitted, started)
             future.set_result(result)
         if self.worker is not None:
@@ -369,6 +372,8 @@ class SandboxPool:
             for _ in self._slots:
                 self._queue.put(None)
         for slot in self._slots:
+            if slot is threading.current_thread():  # close() from a future's callback
+                continue
             if slot.is_alive():
                 slot.join()
             elif slot.worker is not None:
