@@ -1,0 +1,75 @@
+"""pass@1 = mean over k samples per problem (k and the sampler explicit; greedy allowed).
+
+Uses the same template, tool loop, engines and verifier as training (``rollout.Dispatcher``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+from rstar2_jax.rollout.template import TemplateConfig
+from rstar2_jax.sampling import Greedy, Sampler, Temperature
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    k: int = 1  # samples per problem; pass@1 = mean correctness over them
+    sampler: Sampler = Greedy()
+    budget: int = 256  # response tokens per trajectory
+    template: TemplateConfig = TemplateConfig()
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"EvalConfig.k must be >= 1, got {self.k}")
+        if isinstance(self.sampler, Greedy) and self.k > 1:
+            raise ValueError("EvalConfig: greedy decoding with k > 1 repeats the same sample; use a temperature")
+
+    @classmethod
+    def sampled(cls, k: int, temperature: float = 1.0, **kw: Any) -> "EvalConfig":
+        return cls(k=k, sampler=Temperature(temperature=temperature), **kw)
+
+
+def evaluate(problems: Sequence[Any], engines: Sequence[Any], pool: Any, tokenizer: Any, reward_fn: Any,
+             cfg: EvalConfig, *, seed: int = 0, show_progress: bool = True,
+             out_jsonl: str | Path | None = None) -> tuple[list[dict], dict[str, Any]]:
+    """Roll out ``cfg.k`` samples per problem; returns (per-problem rows, summary)."""
+    rcfg = RolloutConfig(n_samples=cfg.k, budget=cfg.budget, sampler=cfg.sampler, template=cfg.template)
+    result = Dispatcher(engines, pool, tokenizer, reward_fn, rcfg).run(problems, seed=seed,
+                                                                        show_progress=show_progress)
+    rows = []
+    for gi, p in enumerate(problems):
+        ts = [t for t in result.trajectories if t.group_id == gi]
+        rows.append({
+            "id": str(getattr(p, "id", gi)), "gold": str(getattr(p, "answer", "")),
+            "answers": [t.reward_info.get("answer") for t in ts], "correct": [bool(t.reward) for t in ts],
+            "pass@1": float(np.mean([t.reward for t in ts])), "tool_calls": [len(t.tools) for t in ts],
+            "tool_errors": [sum(r.status != "ok" for r in t.tools) for t in ts],
+            "response_tokens": [len(t.response_tokens) for t in ts], "done": [t.done_reason for t in ts],
+        })
+    summary = summarize(rows)
+    summary["rollout"] = {k: v for k, v in result.metrics.items() if not isinstance(v, list)}
+    if out_jsonl is not None:
+        path = Path(out_jsonl)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows, summary
+
+
+def summarize(rows: Sequence[dict]) -> dict[str, Any]:
+    """pass@1 (mean over problems of the per-problem mean), mean response length, tool use."""
+    if not rows:
+        return {"n": 0, "pass@1": 0.0}
+    flat = lambda key: [x for r in rows for x in r[key]]  # noqa: E731
+    calls = flat("tool_calls")
+    return {
+        "n": len(rows), "k": len(rows[0]["correct"]), "pass@1": float(np.mean([r["pass@1"] for r in rows])),
+        "mean_response_tokens": float(np.mean(flat("response_tokens"))),
+        "tool_calls_per_traj": float(np.mean(calls)),
+        "tool_error_rate": float(np.sum(flat("tool_errors")) / max(1, np.sum(calls))),
+    }

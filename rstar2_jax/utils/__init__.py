@@ -1,0 +1,1 @@
+"""Small side-effect helpers for scripts: metrics JSONL and plots."""
