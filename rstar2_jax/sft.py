@@ -75,7 +75,7 @@ def sft_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.Gr
     opt = make_optimizer(cfg.optim)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics = dict(loss=s / d_safe, n_tokens=d, grad_norm=optax.global_norm(grads),
+    metrics = dict(loss=s / d_safe, n_tokens=d, grad_norm=optax.tree.norm(grads),
                    lr=opt_state.hyperparams["learning_rate"])
     return TrainState(params=params, opt_state=opt_state, step=state.step + 1, key=state.key), metrics
 

@@ -208,8 +208,8 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef, cfg: 
     opt = make_optimizer(cfg.optim)
     updates, opt_state = opt.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
-    metrics.update(loss=s / d_safe, loss_sum=s, loss_denom=d, grad_norm=optax.global_norm(grads),
-                   update_norm=optax.global_norm(updates), lr=opt_state.hyperparams["learning_rate"])
+    metrics.update(loss=s / d_safe, loss_sum=s, loss_denom=d, grad_norm=optax.tree.norm(grads),
+                   update_norm=optax.tree.norm(updates), lr=opt_state.hyperparams["learning_rate"])
     new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
                            key=jax.random.split(state.key)[0])
     return new_state, metrics
