@@ -3,7 +3,9 @@
 ``DenseSampler`` is the design most JAX RL codebases use: B prompts are padded into one batch, a
 dense ``[B, max_len]`` KV cache is allocated per layer, and a ``lax.while_loop`` decodes until the
 **longest** sequence of the batch ends (finished rows keep computing). Memory per sequence is
-``max_len`` positions whatever its length.
+``max_len`` positions whatever its length. Decode attention is the same ``blockwise_attention``
+(8-row chunks, 64-position key blocks up to the longest row) as the paged engine, so a comparison
+measures paging and scheduling, not a different kernel.
 
 Both baselines use the same samplers and the same per-token keys as ``PagedEngine``
 (``fold_in(key, token_index)``), so all three produce the same tokens for the same keys (up to float
@@ -21,8 +23,9 @@ import numpy as np
 from flax import nnx
 
 from rstar2_jax.config import ModelConfig
-from rstar2_jax.model import apply, dense_attention, head_weight, logits as model_logits
+from rstar2_jax.model import apply, head_weight, logits as model_logits
 from rstar2_jax.sampling.engine import key_data as _key_data
+from rstar2_jax.sampling.kv_cache import KV_BLOCK, attention_over_keys, blockwise_attention, map_rows
 from rstar2_jax.sampling.sampling_fns import Sampler, Temperature, sample_rows
 
 
@@ -51,7 +54,7 @@ def _dense_generate(graphdef, params, prompt_bp, prompt_len_b, key_data_b, max_n
         kc = jnp.zeros((b, max_len, *k.shape[2:]), k.dtype).at[:, :p].set(k)
         vc = jnp.zeros((b, max_len, *v.shape[2:]), v.dtype).at[:, :p].set(v)
         mask = jnp.arange(max_len)[None, None, :] <= jnp.arange(p)[None, :, None]
-        return dense_attention(q, kc, vc, jnp.broadcast_to(mask, (b, p, max_len))), (kc, vc)
+        return attention_over_keys(q, kc, vc, jnp.broadcast_to(mask, (b, p, max_len))), (kc, vc)
 
     hidden, cache = apply(graphdef, params, prompt_bp, attend=prefill_attend, kv=[None] * num_layers)
     h_last = jnp.take_along_axis(hidden, (prompt_len_b - 1)[:, None, None], axis=1)[:, 0]
@@ -72,8 +75,13 @@ def _dense_generate(graphdef, params, prompt_bp, prompt_len_b, key_data_b, max_n
         def attend(layer, q, k, v, kv):
             kc, vc = kv
             kc, vc = kc.at[rows, pos].set(k[:, 0]), vc.at[rows, pos].set(v[:, 0])
-            mask = (jnp.arange(max_len)[None, :] <= pos[:, None])[:, None, :]
-            return dense_attention(q, kc, vc, mask), (kc, vc)
+
+            def chunk(q, kc, vc, pos):  # same blockwise attention as the paged engine
+                kv_block = lambda i: (jax.lax.dynamic_slice_in_dim(kc, i * KV_BLOCK, KV_BLOCK, axis=1),
+                                      jax.lax.dynamic_slice_in_dim(vc, i * KV_BLOCK, KV_BLOCK, axis=1))
+                return blockwise_attention(q, pos[:, None], kv_block, KV_BLOCK)
+
+            return map_rows(chunk, q, kc, vc, pos), (kc, vc)
 
         hidden, cache = apply(graphdef, params, tok[:, None], pos[:, None], attend=attend, kv=cache)
         new, lp = sample(hidden[:, 0], pos + 1)
@@ -101,6 +109,8 @@ class DenseSampler:
                  batch_size: int, max_prompt_len: int, max_len: int):
         if max_prompt_len >= max_len:
             raise ValueError(f"DenseSampler: max_prompt_len ({max_prompt_len}) must be < max_len ({max_len})")
+        if max_len % KV_BLOCK:
+            raise ValueError(f"DenseSampler: max_len ({max_len}) must be a multiple of {KV_BLOCK}")
         self.graphdef, self.params, self.model_cfg = graphdef, params, model_cfg
         self.batch_size, self.max_prompt_len, self.max_len = batch_size, max_prompt_len, max_len
         self.steps = 0  # decode steps run (each over the whole batch)

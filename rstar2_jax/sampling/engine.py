@@ -64,6 +64,9 @@ class EngineConfig:
     prefill_chunk: int = 64  # C: tokens per prefill/extend row per step
     prefill_rows: int = 1  # chunks per step (each from a different sequence)
     attention_impl: str = "reference"  # see kv_cache.ATTENTION_IMPLS; "reference" is pure JAX
+    # Smaller decode row counts to compile as well (each a separate jit variant); a step uses the
+    # smallest that holds its decoding sequences. () = always num_slots rows: compiles once.
+    decode_row_buckets: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows"):
@@ -74,6 +77,9 @@ class EngineConfig:
             raise ValueError("EngineConfig: give exactly one of num_pages or kv_memory_bytes")
         if self.num_pages is not None and self.num_pages < 2:
             raise ValueError(f"EngineConfig.num_pages must be >= 2 (page 0 is reserved), got {self.num_pages}")
+        if any(not 0 < b < self.num_slots for b in self.decode_row_buckets):
+            raise ValueError(f"EngineConfig.decode_row_buckets must lie in (0, num_slots), got "
+                             f"{self.decode_row_buckets!r}")
         if self.attention_impl not in kv_cache.ATTENTION_IMPLS:
             raise ValueError(f"EngineConfig.attention_impl must be one of {kv_cache.ATTENTION_IMPLS}, "
                              f"got {self.attention_impl!r}")
@@ -118,8 +124,8 @@ class StopEvent:
 
 @dataclasses.dataclass(frozen=True)
 class _StepSpec:
-    num_slots: int
-    prefill_rows: int  # 0 = decode-only variant
+    decode_rows: int  # Rd: decode rows of this variant (num_slots or a bucket)
+    prefill_rows: int  # Pr; 0 = decode-only variant
     prefill_chunk: int
     page_size: int
     attention_impl: str
@@ -128,13 +134,14 @@ class _StepSpec:
 @functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("cache",))
 def _paged_step(graphdef: nnx.GraphDef, params: nnx.State, cache: list, batch: dict, spec: _StepSpec):
     """One engine step. DONATES ``cache``. Returns ``(cache, tokens_r, logprobs_r)`` for the
-    R = num_slots + prefill_rows sample rows (the host ignores rows that sample nothing).
+    R = Rd + Pr rows (the host ignores rows that sample nothing).
 
-    Flat token layout (T = B + Pr*C): ``[decode row 0..B-1 | prefill row 0 (C) | ...]``. Tokens with
-    ``valid_t`` False write their K/V to the null page.
+    Rows: ``Rd`` decode rows then ``Pr`` prefill rows; per-row inputs (block table, key, sampling
+    parameters) are ``[R, ...]``. Flat token layout (T = Rd + Pr*C): ``[decode row 0..Rd-1 |
+    prefill row 0 (C tokens) | ...]``. Tokens with ``valid_t`` False write their K/V to the null page.
     """
-    b, pr, c = spec.num_slots, spec.prefill_rows, spec.prefill_chunk
-    bt = batch["block_tables"]  # i32[B, M]
+    b, pr, c = spec.decode_rows, spec.prefill_rows, spec.prefill_chunk
+    bt = batch["block_tables"]  # i32[R, M]
     page_t, slot_t = kv_cache.token_destinations(bt, batch["row_t"], batch["pos_t"], batch["valid_t"],
                                                  spec.page_size)
 
@@ -142,13 +149,12 @@ def _paged_step(graphdef: nnx.GraphDef, params: nnx.State, cache: list, batch: d
         kv = kv_cache.write_kv(kv, k_btkh[0], v_btkh[0], page_t, slot_t)
         q = q_btnh[0]
         with jax.named_scope("decode_attention"):
-            out = [kv_cache.paged_attention(q[:b, None], kv, bt, batch["pos_t"][:b, None],
+            out = [kv_cache.paged_attention(q[:b, None], kv, bt[:b], batch["pos_t"][:b, None],
                                             impl=spec.attention_impl)[:, 0]]
         if pr:
             with jax.named_scope("prefill_attention"):
                 qp = q[b:].reshape(pr, c, *q.shape[1:])
-                op = kv_cache.paged_attention(qp, kv, bt[batch["prefill_row"]],
-                                              batch["pos_t"][b:].reshape(pr, c))
+                op = kv_cache.paged_attention(qp, kv, bt[b:], batch["pos_t"][b:].reshape(pr, c))
             out.append(op.reshape(pr * c, *q.shape[1:]))
         return jnp.concatenate(out)[None], kv
 
@@ -157,11 +163,10 @@ def _paged_step(graphdef: nnx.GraphDef, params: nnx.State, cache: list, batch: d
     h_rd = hidden[0, batch["sample_t"]]
     w = head_weight(graphdef, params)
     logits_rv = jnp.einsum("RD,DV->RV", h_rd, w.astype(h_rd.dtype), preferred_element_type=jnp.float32)
-    rows = batch["sample_row"]
     keys = jax.vmap(lambda kd, i: jax.random.fold_in(jax.random.wrap_key_data(kd), i))(
-        batch["key_data"][rows], batch["sample_pos"])
-    tokens, logprobs = sample_rows(logits_rv, keys, batch["temperature"][rows], batch["top_k"][rows],
-                                   batch["top_p"][rows], batch["greedy"][rows])
+        batch["key_data"], batch["sample_pos"])
+    tokens, logprobs = sample_rows(logits_rv, keys, batch["temperature"], batch["top_k"], batch["top_p"],
+                                   batch["greedy"])
     return cache, tokens, logprobs
 
 
@@ -226,13 +231,11 @@ class PagedEngine:
         self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size)
         b = cfg.num_slots
         kshape = key_data(0).shape
-        # Per-slot device inputs kept on the host and updated incrementally.
+        # Per-slot device inputs kept on the host, updated incrementally, gathered per step.
         self._bt = np.zeros((b, m), np.int32)  # i32[B, M] block tables
-        self._key = np.zeros((b, *kshape), np.uint32)
-        self._temp = np.ones(b, np.float32)
-        self._top_k = np.zeros(b, np.int32)
-        self._top_p = np.ones(b, np.float32)
-        self._greedy = np.zeros(b, bool)
+        self._per_slot = dict(key_data=np.zeros((b, *kshape), np.uint32), temperature=np.ones(b, np.float32),
+                              top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32), greedy=np.zeros(b, bool))
+        self._row_buckets = sorted(set(cfg.decode_row_buckets) | {b})
         self._slots: list[_Seq | None] = [None] * b
         self._waiting: list[_Seq] = []  # sorted by order (oldest first)
         self._seqs: dict[int, _Seq] = {}  # every live sequence, templates included
@@ -250,16 +253,23 @@ class PagedEngine:
         self._enqueue(seq)
         return seq.id
 
-    def submit_group(self, request: Request, n: int) -> list[int]:
+    def submit_group(self, request: Request, n: int, *,
+                     child_max_new_tokens: Sequence[int] | None = None) -> list[int]:
         """G = ``n`` samples of one prompt: prefill the prompt once, then fork.
 
-        Child ``i`` uses key ``fold_in(request.key, i)``. Returns the children's ``seq_id``s.
+        Child ``i`` uses key ``fold_in(request.key, i)`` and ``child_max_new_tokens[i]`` if given
+        (else ``request.max_new_tokens``). Returns the children's ``seq_id``s.
         """
         if n <= 0:
             raise ValueError(f"submit_group: n must be positive, got {n}")
-        self._validate(request)
+        budgets = [request.max_new_tokens] * n if child_max_new_tokens is None else list(child_max_new_tokens)
+        if len(budgets) != n:
+            raise ValueError(f"submit_group: {len(budgets)} child_max_new_tokens for n={n}")
+        for m in budgets:
+            self._validate(dataclasses.replace(request, max_new_tokens=m))
         order = self._new_order()
-        children = [self._new_seq(request, (order, i + 1), child_key_data(request.key, i)) for i in range(n)]
+        children = [self._new_seq(dataclasses.replace(request, max_new_tokens=m), (order, i + 1),
+                                  child_key_data(request.key, i)) for i, m in enumerate(budgets)]
         if len(request.prompt) == 1:  # nothing to share
             for c in children:
                 self._enqueue(c)
@@ -304,32 +314,52 @@ class PagedEngine:
         self._admit()
         self._grow_decoders()
         active = [s for s in self._slots if s is not None]
-        decode = [s for s in active if self._uncached(s) == 1 and s.children is None]
+        # Decode rows sorted by length: attention chunks of similar rows stop at similar blocks.
+        decode = sorted((s for s in active if self._uncached(s) == 1 and s.children is None),
+                        key=lambda s: len(s.tokens))
         prefill = sorted((s for s in active if self._uncached(s) > 1 or s.children is not None),
-                         key=lambda s: s.order)
-        prefill = prefill[:self.cfg.prefill_rows]
+                         key=lambda s: s.order)[:self.cfg.prefill_rows]
         if not decode and not prefill:
             return []
-        batch, chunks = self._build_batch(decode, prefill)
-        spec = _StepSpec(self.cfg.num_slots, self.cfg.prefill_rows if prefill else 0, self.cfg.prefill_chunk,
+        rd = next(r for r in self._row_buckets if r >= len(decode))
+        batch, chunks = self._build_batch(decode, prefill, rd)
+        spec = _StepSpec(rd, self.cfg.prefill_rows if prefill else 0, self.cfg.prefill_chunk,
                          self.cfg.page_size, self.cfg.attention_impl)
         self.cache, tokens, logprobs = _paged_step(self.graphdef, self.params, self.cache, batch, spec)
         tokens, logprobs = np.asarray(tokens), np.asarray(logprobs)
         self._stats["steps"] += 1
         events = []
-        for s in decode:
+        for i, s in enumerate(decode):
             s.cached += 1
             self._stats["decode_tokens"] += 1
-            events += self._on_sample(s, int(tokens[s.slot]), float(logprobs[s.slot]))
-        b = self.cfg.num_slots
-        for r, (s, n) in enumerate(zip(prefill, chunks)):
+            events += self._on_sample(s, int(tokens[i]), float(logprobs[i]))
+        for j, (s, n) in enumerate(zip(prefill, chunks)):
             s.cached += n
             self._stats["prefill_tokens"] += n
             if self._uncached(s) == 0 and s.children is not None:
                 self._fork(s)
             elif self._uncached(s) == 0:
-                events += self._on_sample(s, int(tokens[b + r]), float(logprobs[b + r]))
+                events += self._on_sample(s, int(tokens[rd + j]), float(logprobs[rd + j]))
         return events
+
+    def warmup(self) -> int:
+        """Compile every step variant now (decode row buckets x with/without prefill rows) by running
+        them on all-padding batches, which only write to the null page. Returns the variant count."""
+        n = 0
+        for rd in self._row_buckets:
+            for pr in (0, self.cfg.prefill_rows):
+                c = self.cfg.prefill_chunk
+                t, r = rd + pr * c, rd + pr
+                z = lambda n_, dt=np.int32: np.zeros(n_, dt)
+                batch = dict(tokens_t=z(t), pos_t=z(t), row_t=z(t), valid_t=z(t, bool),
+                             block_tables=np.zeros((r, self.cfg.max_pages_per_seq), np.int32),
+                             sample_t=z(r), sample_pos=z(r))
+                batch.update({name: arr[np.zeros(r, np.int64)] for name, arr in self._per_slot.items()})
+                spec = _StepSpec(rd, pr, c, self.cfg.page_size, self.cfg.attention_impl)
+                self.cache, tokens, _ = _paged_step(self.graphdef, self.params, self.cache, batch, spec)
+                jax.block_until_ready(tokens)
+                n += 1
+        return n
 
     def has_work(self) -> bool:
         """True while some sequence is waiting or in a slot (paused ones do not count)."""
@@ -386,9 +416,9 @@ class PagedEngine:
             slot = self._slots.index(None)
             self._slots[slot], seq.slot, seq.state = seq, slot, "active"
             self._bt[slot] = pt.block_table([seq.id])[0]
-            p = seq.params
-            self._key[slot], self._temp[slot], self._top_k[slot] = seq.key_data, p.temperature, p.top_k
-            self._top_p[slot], self._greedy[slot] = p.top_p, p.greedy
+            ps = self._per_slot
+            ps["key_data"][slot] = seq.key_data
+            ps["temperature"][slot], ps["top_k"][slot], ps["top_p"][slot], ps["greedy"][slot] = seq.params
 
     def _grow_decoders(self) -> None:
         """Reserve the position each decoding sequence writes this step, oldest first; preempt the
@@ -417,32 +447,36 @@ class PagedEngine:
             self._enqueue(victim)
         return True
 
-    def _build_batch(self, decode: list[_Seq], prefill: list[_Seq]) -> tuple[dict, list[int]]:
-        b, c = self.cfg.num_slots, self.cfg.prefill_chunk
+    def _build_batch(self, decode: list[_Seq], prefill: list[_Seq], rd: int) -> tuple[dict, list[int]]:
+        """Host arrays for ``_paged_step``: ``rd`` decode rows (``decode`` first, then padding rows
+        that write to the null page) and ``prefill_rows`` chunk rows."""
+        c = self.cfg.prefill_chunk
         pr = self.cfg.prefill_rows if prefill else 0
-        t = b + pr * c
+        t, r = rd + pr * c, rd + pr
         tokens, pos = np.zeros(t, np.int32), np.zeros(t, np.int32)
         row, valid = np.zeros(t, np.int32), np.zeros(t, bool)
-        prefill_row, chunks = np.zeros(pr, np.int32), []
-        r = b + pr
-        sample_t, sample_row, sample_pos = np.arange(r, dtype=np.int32), np.zeros(r, np.int32), np.zeros(r, np.int32)
-        sample_row[:b] = np.arange(b)
-        for s in decode:
-            i = s.slot
-            tokens[i], pos[i], row[i], valid[i] = s.tokens[-1], len(s.tokens) - 1, i, True
+        sample_t, sample_pos = np.zeros(r, np.int32), np.zeros(r, np.int32)
+        slots = np.zeros(r, np.int64)  # source slot per row (padding rows are masked below)
+        live = np.zeros(r, bool)
+        n = len(decode)
+        for i, s in enumerate(decode):
+            tokens[i], pos[i], slots[i] = s.tokens[-1], len(s.tokens) - 1, s.slot
             sample_pos[i] = len(s.tokens)
+        row[:rd], valid[:n], live[:n], sample_t[:rd] = np.arange(rd), True, True, np.arange(rd)
+        chunks = []
         for j, s in enumerate(prefill):
-            n = min(c, self._uncached(s))
-            lo = b + j * c
-            tokens[lo:lo + n] = s.tokens[s.cached:s.cached + n]
-            pos[lo:lo + n] = np.arange(s.cached, s.cached + n)
-            row[lo:lo + n], valid[lo:lo + n], prefill_row[j] = s.slot, True, s.slot
-            sample_t[b + j], sample_row[b + j], sample_pos[b + j] = lo + n - 1, s.slot, s.cached + n
-            chunks.append(n)
-        batch = dict(tokens_t=tokens, pos_t=pos, row_t=row, valid_t=valid, block_tables=self._bt,
-                     prefill_row=prefill_row, sample_t=sample_t, sample_row=sample_row, sample_pos=sample_pos,
-                     key_data=self._key, temperature=self._temp, top_k=self._top_k, top_p=self._top_p,
-                     greedy=self._greedy)
+            k = min(c, self._uncached(s))
+            lo = rd + j * c
+            tokens[lo:lo + k] = s.tokens[s.cached:s.cached + k]
+            pos[lo:lo + k] = np.arange(s.cached, s.cached + k)
+            row[lo:lo + k], valid[lo:lo + k] = rd + j, True
+            slots[rd + j], live[rd + j] = s.slot, True
+            sample_t[rd + j], sample_pos[rd + j] = lo + k - 1, s.cached + k
+            chunks.append(k)
+        bt = np.where(live[:, None], self._bt[slots], 0).astype(np.int32)
+        batch = dict(tokens_t=tokens, pos_t=pos, row_t=row, valid_t=valid, block_tables=bt,
+                     sample_t=sample_t, sample_pos=sample_pos)
+        batch.update({name: arr[slots] for name, arr in self._per_slot.items()})
         return batch, chunks
 
     def _on_sample(self, seq: _Seq, token: int, logprob: float) -> list[StopEvent]:
