@@ -307,3 +307,12 @@ def test_no_ipc_objects_that_would_outlive_a_call(ns_pool):
     """)
     r = run_checked(ns_pool, src)
     assert (r.status, r.stdout) == ("ok", "-1 -1\n"), r
+
+
+@pytest.mark.parametrize("src, size", [
+    ("print('y' * 40000)", 40001),  # more than the quiet-wait threshold, less than the cap
+    ("import time\nfor i in range(50):\n    print('z' * 999)\n    time.sleep(0.005)", 50 * 1000),
+])
+def test_output_below_the_cap_arrives_whole(any_pool, src, size):
+    r = run_checked(any_pool, src)
+    assert (r.status, len(r.stdout), r.truncated) == ("ok", size, False), r.status
