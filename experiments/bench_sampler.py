@@ -82,8 +82,8 @@ def run_dense(ds: DenseSampler, prompts, lengths, desc: str):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=32)
-    ap.add_argument("--slots", type=int, default=64)
-    ap.add_argument("--buckets", type=str, default="8,16,32", help="smaller decode row counts to compile")
+    ap.add_argument("--slots", type=int, default=128)
+    ap.add_argument("--buckets", type=str, default="8,16,32,64", help="smaller decode row counts to compile")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--dense-batch", type=int, default=16)
     ap.add_argument("--seed", type=int, default=0)

@@ -10,15 +10,15 @@
 from rstar2_jax.sampling.dense_sampler import DenseSampler, naive_generate
 from rstar2_jax.sampling.engine import (STOP_REASONS, EngineConfig, PagedEngine, Request, StopEvent,
                                         child_key_data, key_data)
-from rstar2_jax.sampling.kv_cache import (ATTENTION_IMPLS, copy_pages, init_cache, page_bytes, paged_attention,
-                                          pages_for_budget, write_kv)
+from rstar2_jax.sampling.kv_cache import (DECODE_KERNELS, attention_impls, copy_pages, init_cache, page_bytes,
+                                          paged_attention, pages_for_budget, register_decode_kernel, write_kv)
 from rstar2_jax.sampling.page_table import NULL_PAGE, OutOfPages, PageTable
 from rstar2_jax.sampling.sampling_fns import (Greedy, RowParams, Sampler, Temperature, TopK, TopP,
                                               policy_logprobs, sample_rows)
 
 __all__ = [
-    "ATTENTION_IMPLS", "DenseSampler", "EngineConfig", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
+    "DECODE_KERNELS", "DenseSampler", "EngineConfig", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
     "PagedEngine", "Request", "RowParams", "STOP_REASONS", "Sampler", "StopEvent", "Temperature", "TopK", "TopP",
-    "child_key_data", "copy_pages", "init_cache", "key_data", "naive_generate", "page_bytes", "paged_attention",
-    "pages_for_budget", "policy_logprobs", "sample_rows", "write_kv",
+    "attention_impls", "child_key_data", "copy_pages", "init_cache", "key_data", "naive_generate", "page_bytes",
+    "paged_attention", "pages_for_budget", "policy_logprobs", "register_decode_kernel", "sample_rows", "write_kv",
 ]

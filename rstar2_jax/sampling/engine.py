@@ -4,13 +4,18 @@ Model: every sequence is a token list ``tokens`` of which the first ``cached`` h
 paged cache. To produce the next token the engine runs the model on ``tokens[cached:]`` and samples
 from the last position's logits. A sequence that is decoding has exactly one uncached token (the one
 it just sampled); a new prompt, a resumed one (last sampled token + appended tool response) or a
-preempted one (everything) has more, and is fed in chunks of ``prefill_chunk`` tokens.
+preempted one (everything) has more, and is fed in chunks of ``prefill_chunk`` tokens (a single
+token left over goes through a decode row).
 
 The engine holds ``num_slots`` slots. ``step()`` runs **one** jitted call over a flat token batch:
-``num_slots`` decode rows (one token per occupied slot in decode mode) followed, when some slot needs
-it, by ``prefill_rows`` chunks of ``prefill_chunk`` tokens (chunked prefill/extend, so a long prompt
-never stalls decoding). Shapes depend only on the config, so the step compiles twice at most
-(with and without prefill rows). The cache is donated: no copy per step.
+decode rows (one token per sequence in decode mode, compacted and sorted by length) followed, when
+some slot needs it, by ``prefill_rows`` chunks of ``prefill_chunk`` tokens (chunked prefill/extend,
+so a long prompt never stalls decoding). Shapes depend only on the config: the step compiles once
+per (decode row count, with/without prefill) variant, i.e. twice with the default single row count
+``num_slots``; ``decode_row_buckets`` adds smaller row counts for partly empty engines (``warmup()``
+compiles them all up front). The cache is donated: no copy per step.
+
+Not thread-safe: drive each engine from one thread.
 
 Stops: a stop token, a stop string (needs ``decode_fn``), ``max_new_tokens`` (per segment, i.e. since
 the last submit/resume) or the engine's ``max_seq_len``. On every stop the sequence leaves its slot
@@ -28,7 +33,9 @@ request gives the same tokens whatever slot it lands in, whatever else runs, and
 Memory: pages are allocated when a sequence is admitted to a slot (for all its tokens) and one at a
 time as it decodes. A new sequence is admitted only if its pages fit. If a decoding sequence needs a
 page and none is free, the **newest** sequence holding pages (by submission order) is preempted: its
-pages are freed, its generated tokens/log-probs kept, and it is re-queued to recompute its K/V.
+pages are freed, its generated tokens/log-probs kept, and it is re-queued to recompute its K/V
+(into private pages: a preempted group child does not share its prompt pages again). A sequence
+that can never fit (``max_seq_len`` or the whole pool) is rejected at submit/resume.
 """
 
 from __future__ import annotations
@@ -63,7 +70,7 @@ class EngineConfig:
     kv_memory_bytes: int | None = None  # ... or the pool from a memory budget (K and V, all layers)
     prefill_chunk: int = 64  # C: tokens per prefill/extend row per step
     prefill_rows: int = 1  # chunks per step (each from a different sequence)
-    attention_impl: str = "reference"  # see kv_cache.ATTENTION_IMPLS; "reference" is pure JAX
+    attention_impl: str = "reference"  # decode kernel: kv_cache.attention_impls(); "reference" = pure JAX
     # Smaller decode row counts to compile as well (each a separate jit variant); a step uses the
     # smallest that holds its decoding sequences. () = always num_slots rows: compiles once.
     decode_row_buckets: tuple[int, ...] = ()
@@ -80,8 +87,8 @@ class EngineConfig:
         if any(not 0 < b < self.num_slots for b in self.decode_row_buckets):
             raise ValueError(f"EngineConfig.decode_row_buckets must lie in (0, num_slots), got "
                              f"{self.decode_row_buckets!r}")
-        if self.attention_impl not in kv_cache.ATTENTION_IMPLS:
-            raise ValueError(f"EngineConfig.attention_impl must be one of {kv_cache.ATTENTION_IMPLS}, "
+        if self.attention_impl not in kv_cache.attention_impls():
+            raise ValueError(f"EngineConfig.attention_impl must be one of {kv_cache.attention_impls()}, "
                              f"got {self.attention_impl!r}")
 
     @property

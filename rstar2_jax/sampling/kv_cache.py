@@ -14,8 +14,12 @@ update the buffers in place instead of copying the whole pool every step.
 
 Attention over pages: ``paged_attention`` is the pure-JAX reference and runs anywhere: rows in chunks
 of ``ROW_CHUNK``, each chunk gathering its pages ``KV_BLOCK`` positions at a time and combining blocks
-with an online softmax, up to the chunk's longest row only (so short sequences cost little). ``impl="pallas_gpu"`` routes single-query decode rows to
-``jax.experimental.pallas.ops.gpu.paged_attention`` (``interpret=True`` lets the CPU tests run it).
+with an online softmax, up to the chunk's longest row only (so short sequences cost little).
+
+Kernel hook: ``impl=<name>`` routes single-query decode rows to a kernel registered with
+``register_decode_kernel``. Built in: ``"pallas_gpu"`` (``jax.experimental.pallas.ops.gpu.
+paged_attention``) and ``"pallas_gpu_interpret"`` (the same kernel interpreted, so CPU tests run it).
+Prefill/extend chunks always use the reference.
 """
 
 from __future__ import annotations
@@ -30,7 +34,10 @@ from jaxtyping import Array, Bool, Float, Int
 from rstar2_jax.config import ModelConfig
 
 KVLayer = tuple[jax.Array, jax.Array]  # (k_pages [P,Z,K,H], v_pages [P,Z,K,H])
-ATTENTION_IMPLS = ("reference", "pallas_gpu", "pallas_gpu_interpret")
+# A decode kernel: (q_rnh, layer, block_tables_rm, lengths_r) -> out_rnh for single-query rows whose
+# K/V are already written; ``lengths_r = q_pos + 1``. Prefill/extend chunks always use the reference.
+DecodeKernel = Callable[[jax.Array, KVLayer, jax.Array, jax.Array], jax.Array]
+DECODE_KERNELS: dict[str, DecodeKernel] = {}  # filled below; see register_decode_kernel
 
 
 def page_bytes(cfg: ModelConfig, page_size: int, dtype: Any = None) -> int:
@@ -77,14 +84,26 @@ def paged_attention(q_rqnh: Float[Array, "R Q N H"], layer: KVLayer, block_table
     serves decode (Q = 1) and prefill/extend chunks (Q = chunk) alike. **Assumes** the K/V of every
     query token was written (``write_kv``) before the call and positions ``<= q_pos`` are valid.
     """
-    if impl == "reference":
+    if impl == "reference" or q_rqnh.shape[1] != 1:
+        if impl != "reference" and impl not in DECODE_KERNELS:
+            raise ValueError(f"paged_attention: impl must be one of {attention_impls()}, got {impl!r}")
         return _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq)
-    if impl in ("pallas_gpu", "pallas_gpu_interpret") and q_rqnh.shape[1] == 1:
-        return _pallas_gpu_decode(q_rqnh, layer, block_tables_rm, q_pos_rq,
-                                  interpret=impl == "pallas_gpu_interpret")
-    if impl in ATTENTION_IMPLS:  # kernels cover decode only; chunks use the reference
-        return _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq)
-    raise ValueError(f"paged_attention: impl must be one of {ATTENTION_IMPLS}, got {impl!r}")
+    try:
+        kernel = DECODE_KERNELS[impl]
+    except KeyError:
+        raise ValueError(f"paged_attention: impl must be one of {attention_impls()}, got {impl!r}") from None
+    return kernel(q_rqnh[:, 0], layer, block_tables_rm, (q_pos_rq[:, 0] + 1).astype(jnp.int32))[:, None]
+
+
+def register_decode_kernel(name: str, kernel: DecodeKernel) -> None:
+    """Make ``kernel`` selectable as ``EngineConfig(attention_impl=name)`` (e.g. a TPU paged kernel)."""
+    if name == "reference":
+        raise ValueError("'reference' is the built-in pure-JAX attention")
+    DECODE_KERNELS[name] = kernel
+
+
+def attention_impls() -> tuple[str, ...]:
+    return ("reference", *DECODE_KERNELS)
 
 
 ROW_CHUNK = 8  # rows per lax.map step: keeps a chunk's gathered K/V in CPU cache (linear in rows)
@@ -177,8 +196,8 @@ def _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq):
         return map_rows(rows, q_rqnh, bt, q_pos_rq)
 
 
-def _pallas_gpu_decode(q_rqnh, layer, block_tables_rm, q_pos_rq, *, interpret: bool):
-    """Adapter to the Pallas GPU paged-attention kernel (decode rows only).
+def _pallas_gpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, interpret: bool = False):
+    """Adapter to ``jax.experimental.pallas.ops.gpu.paged_attention`` (decode rows).
 
     TODO(kv-layout): the kernel wants kv-head-major pages ``[K, P, Z, H]``; this adapter transposes
     the whole pool per call. Store the cache kv-head-major when this path is the default.
@@ -186,15 +205,17 @@ def _pallas_gpu_decode(q_rqnh, layer, block_tables_rm, q_pos_rq, *, interpret: b
     from jax.experimental.pallas.ops.gpu import paged_attention as pa
 
     k_pages, v_pages = layer
-    r, _, n, h = q_rqnh.shape
-    m = block_tables_rm.shape[1]
+    h, m = q_rnh.shape[-1], block_tables_rm.shape[1]
     ppcb = next(c for c in (8, 4, 2, 1) if m % c == 0)
     splits = next(s for s in (16, 8, 4, 2, 1) if (m // ppcb) % s == 0)
-    q = (q_rqnh[:, 0] / jnp.sqrt(jnp.float32(h)).astype(q_rqnh.dtype))  # kernel does not scale
-    out = pa.paged_attention(q, jnp.moveaxis(k_pages, 2, 0), jnp.moveaxis(v_pages, 2, 0),
-                             block_tables_rm, (q_pos_rq[:, 0] + 1).astype(jnp.int32),
-                             pages_per_compute_block=ppcb, k_splits=splits, interpret=interpret)
-    return out[:, None].astype(q_rqnh.dtype)
+    q = q_rnh / jnp.sqrt(jnp.float32(h)).astype(q_rnh.dtype)  # the kernel does not scale
+    out = pa.paged_attention(q, jnp.moveaxis(k_pages, 2, 0), jnp.moveaxis(v_pages, 2, 0), block_tables_rm,
+                             lengths_r, pages_per_compute_block=ppcb, k_splits=splits, interpret=interpret)
+    return out.astype(q_rnh.dtype)
+
+
+register_decode_kernel("pallas_gpu", _pallas_gpu_decode)
+register_decode_kernel("pallas_gpu_interpret", functools.partial(_pallas_gpu_decode, interpret=True))
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))

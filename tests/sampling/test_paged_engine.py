@@ -133,8 +133,10 @@ def test_same_key_same_samples_whatever_the_slot_and_batch(policy):
 
 def test_small_page_pool_preempts_and_still_matches(policy):
     # 13 usable pages x 4 = 52 token positions for 4 slots of sequences that grow to 36 tokens.
-    small = EngineConfig(num_slots=4, page_size=4, max_seq_len=MAX_LEN, num_pages=14, prefill_chunk=8)
+    small = EngineConfig(num_slots=4, page_size=4, max_seq_len=MAX_LEN, num_pages=14, prefill_chunk=8,
+                         decode_row_buckets=(2,))  # also exercises the smaller decode-row variant
     eng = _engine(policy, small)
+    assert eng.warmup() == 4  # {2, 4} decode rows x {without, with} prefill rows
     reqs = [Request(prompt=_prompt(6 + i, 50 + i), key=i, max_new_tokens=28, sampler=Greedy()) for i in range(5)]
     reqs.append(Request(prompt=_prompt(8, 60), key=7, max_new_tokens=26, sampler=Temperature()))
     ids = [eng.submit(r) for r in reqs]
@@ -175,6 +177,22 @@ def test_stop_tokens_and_stop_strings_pause_and_keep_pages(policy):
     assert eng.free_pages() == CFG.num_pages - 1
 
 
+def test_registered_decode_kernel_is_used_and_matches(policy):
+    from rstar2_jax.sampling import kv_cache, register_decode_kernel
+    calls = []
+
+    def kernel(q_rnh, layer, bt_rm, lengths_r):  # the reference, called through the hook
+        calls.append(q_rnh.shape)
+        return kv_cache.paged_attention(q_rnh[:, None], layer, bt_rm, (lengths_r - 1)[:, None])[:, 0]
+
+    register_decode_kernel("test_reference", kernel)
+    cfg = EngineConfig(num_slots=2, page_size=4, max_seq_len=MAX_LEN, num_pages=32, attention_impl="test_reference")
+    eng = _engine(policy, cfg)
+    sid = eng.submit(Request(prompt=_prompt(5, 1), key=0, max_new_tokens=6, sampler=Greedy()))
+    assert _run(eng)[sid][0].tokens == _naive(policy, _prompt(5, 1), 0, 6)[0]
+    assert calls and all(shape == (2, 4, 16) for shape in calls)  # [decode rows, N, H], traced per layer
+
+
 def test_misuse_errors_are_clear(policy):
     _, _, params = policy
     eng = _engine(policy)
@@ -183,6 +201,10 @@ def test_misuse_errors_are_clear(policy):
     tiny_pool = _engine(policy, EngineConfig(num_slots=4, page_size=4, max_seq_len=MAX_LEN, num_pages=5))
     with pytest.raises(ValueError, match="can never fit"):
         tiny_pool.submit(Request(prompt=[1] * 10, key=0, max_new_tokens=10))
+    with pytest.raises(ValueError, match="attention_impl"):
+        EngineConfig(num_pages=8, attention_impl="no_such_kernel")
+    with pytest.raises(ValueError, match="exactly one"):
+        EngineConfig()
     with pytest.raises(ValueError, match="decode_fn"):
         eng.submit(Request(prompt=[1], key=0, max_new_tokens=2, stop_strings=("x",)))
     sid = eng.submit(Request(prompt=[1, 2], key=0, max_new_tokens=2))
