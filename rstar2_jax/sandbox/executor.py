@@ -63,6 +63,10 @@ class Executor:
         self.poller = select.poll()
         self.devnull = os.open(os.devnull, os.O_RDONLY)  # stdin of a call given none: EOF at once
         self.quiet = select.poll()
+        try:  # our children, zombies included: an empty read means no call process is left
+            self.children = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY)
+        except OSError:
+            self.children = None
         self._fresh_workdir()
 
     # ---------------------------------------------------------------- one call
@@ -272,6 +276,8 @@ class Executor:
 
     def _reap_rest(self, pid: int) -> None:
         """Kill and reap every other process the call left (orphans are re-parented to us)."""
+        if self.children is not None and not os.pread(self.children, 16, 0):
+            return  # the usual case, in one syscall
         deadline = None
         while True:
             try:

@@ -269,15 +269,16 @@ class Confinement:
         return cls(tuple(rl), ids, drop_caps=ids is None and isolation.user_ns,
                    dumpable=isolation.pid_ns and ids is not None, pdeathsig=not isolation.pid_ns)
 
-    @staticmethod
-    def prepare_init() -> None:
-        """Once in the init: no call can gain privileges through exec (inherited by every fork)."""
+    def prepare_init(self) -> None:
+        """Once in the init, inherited by every fork: the fixed rlimits (they bind the init too, which stays
+        far below them; RLIMIT_NPROC does not bind root) and no privilege gain through exec."""
+        for res, value in self.rlimits:
+            resource.setrlimit(res, (value, value))
         sc.prctl(sc.PR_SET_NO_NEW_PRIVS, 1)
 
     def apply(self, cpu_s: float) -> None:
+        """In the call's child: the CPU limit, the uid drop and what the uid drop resets."""
         setrlimit = resource.setrlimit
-        for res, value in self.rlimits:
-            setrlimit(res, (value, value))
         cpu = max(1, math.ceil(cpu_s))
         setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # the kernel: SIGXCPU, then SIGKILL a second later
         if self.ids is not None:

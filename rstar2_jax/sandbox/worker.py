@@ -167,7 +167,7 @@ def init_main(fd: int, flags: str) -> None:
         os._exit(1)
     _stdio()
     wrapper.prepare_main()
-    isolation.Confinement.prepare_init()
+    executor.confinement.prepare_init()
     sys.setrecursionlimit(limits.recursion_limit)
     sys.set_int_max_str_digits(limits.int_max_str_digits)
     wrapper.format_exception(ValueError("warm-up"))
