@@ -81,8 +81,7 @@ class RLTrainer:
     def sync_engines(self) -> None:
         """Copy the current params to every engine (on each engine's own device)."""
         for e in self.engines:
-            dev = getattr(e, "device", None)
-            e.set_params(jax.device_put(self.state.params, dev) if dev is not None else self.state.params)
+            e.set_params(self.state.params)  # each engine places them on its own device
 
     def rollout(self, problems: Sequence[Any], seed: int, show_progress: bool = False) -> RolloutResult:
         self.sync_engines()

@@ -229,13 +229,19 @@ class PagedEngine:
     """
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, model_cfg: ModelConfig,
-                 cfg: EngineConfig, *, decode_fn: Callable[[list[int]], str] | None = None):
+                 cfg: EngineConfig, *, decode_fn: Callable[[list[int]], str] | None = None,
+                 device: jax.Device | None = None):
+        self.device = device  # None: the default device; else params and cache live (and run) there
+        if device is not None:
+            params = jax.device_put(params, device)
         self.graphdef, self.params, self.model_cfg, self.cfg = graphdef, params, model_cfg, cfg
         self.decode_fn = decode_fn
         self.num_pages = cfg.resolve_num_pages(model_cfg)
         m = cfg.max_pages_per_seq
         self.page_table = PageTable(num_pages=self.num_pages, page_size=cfg.page_size, max_pages_per_seq=m)
         self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size)
+        if device is not None:
+            self.cache = jax.device_put(self.cache, device)
         b = cfg.num_slots
         kshape = key_data(0).shape
         # Per-slot device inputs kept on the host, updated incrementally, gathered per step.
@@ -384,7 +390,7 @@ class PagedEngine:
         if self._seqs:
             raise RuntimeError(f"set_params: engine is not idle ({len(self._seqs)} live sequences; "
                                "release every sequence first)")
-        self.params = params
+        self.params = params if self.device is None else jax.device_put(params, self.device)
 
     def stats(self) -> dict[str, int]:
         """Counters since construction plus the current KV usage."""
