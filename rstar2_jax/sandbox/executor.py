@@ -31,9 +31,23 @@ _ZERO = bytes(4)
 _IN, _HUP = select.POLLIN | select.POLLPRI, select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
+def _children_by_scan() -> dict[int, list[int]]:
+    """parent pid -> child pids, from /proc/*/stat (for kernels without /proc/.../children)."""
+    table: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat", "rb") as f:
+                    ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            table.setdefault(ppid, []).append(int(name))
+    return table
+
+
 def _descendants(root: int) -> list[int]:
     """Pids below ``root`` (via /proc/<pid>/task/<tid>/children; a scan of /proc/*/stat otherwise)."""
-    found, todo = [], [root]
+    found, todo, scan = [], [root], None
     while todo:
         pid = todo.pop()
         kids: list[int] = []
@@ -41,6 +55,9 @@ def _descendants(root: int) -> list[int]:
             for tid in os.listdir(f"/proc/{pid}/task"):
                 with open(f"/proc/{pid}/task/{tid}/children") as f:
                     kids.extend(int(k) for k in f.read().split())
+        except FileNotFoundError:
+            scan = _children_by_scan() if scan is None else scan
+            kids = scan.get(pid, [])
         except OSError:
             continue
         found.extend(kids)
