@@ -67,6 +67,7 @@ class TemplateConfig:
     include_tools: bool = True  # append the Hermes-style "# Tools" block with the schema
     max_response_chars: int = 256  # tool response text, middle-truncated
     max_turns: int = 5  # assistant turns per trajectory
+    report_exec_time: bool = True  # "execution time: X.XXs" in success responses; False = reproducible text
 
     def __post_init__(self) -> None:
         if self.max_response_chars < len(TRUNCATION_MARK) + 2:
@@ -175,8 +176,9 @@ def render_tool_result(result: _ResultLike | ToolCallError, cfg: TemplateConfig)
     if isinstance(result, ToolCallError):
         text = result.render()
     elif result.status == "ok":
-        text = (f"Tool call success\nstdout: {result.stdout}\nstderr: {result.stderr}\n"
-                f"execution time: {result.duration_s:.2f}s")
+        text = f"Tool call success\nstdout: {result.stdout}\nstderr: {result.stderr}"
+        if cfg.report_exec_time:
+            text += f"\nexecution time: {result.duration_s:.2f}s"
     elif result.status == "runtime_error":
         text = f"Tool call failure\nreason: {result.stderr.strip() or 'runtime error'}"
     else:
