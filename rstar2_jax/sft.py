@@ -125,10 +125,13 @@ def num_steps(n_rows: int, cfg: SFTConfig) -> int:
 def train_sft(graphdef: nnx.GraphDef, params: nnx.State, examples: Sequence[tuple[list[int], list[int]]],
               cfg: SFTConfig, *, pad_id: int, mesh: Mesh | None = None, seed: int = 0,
               state: TrainState | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
+              on_state: Callable[[int, TrainState], None] | None = None,
               show_progress: bool = True) -> TrainState:
-    """Pack ``examples`` (tokens, loss_mask) and train; ``on_step(step, metrics)`` after each update.
+    """Pack ``examples`` (tokens, loss_mask) and train; ``on_step(step, metrics)`` after each update,
+    ``on_state(step, state)`` too (e.g. to checkpoint every N steps).
 
-    Pass ``state`` to continue (e.g. from a checkpoint): training resumes at ``state.step``.
+    Pass ``state`` to continue (e.g. from a checkpoint): training resumes at ``state.step`` and sees
+    the same batches as an uninterrupted run.
     """
     from tqdm.auto import tqdm
 
@@ -148,5 +151,7 @@ def train_sft(graphdef: nnx.GraphDef, params: nnx.State, examples: Sequence[tupl
         bar.update(1)
         if on_step is not None:
             on_step(i + 1, m)
+        if on_state is not None:
+            on_state(i + 1, state)
     bar.close()
     return state

@@ -31,7 +31,8 @@ from rstar2_jax.rollout.trajectory import Trajectory
 class TrainerConfig:
     rl: RLConfig
     rollout: RolloutConfig  # n_samples = 2G; rl.roc.keep_per_group = G
-    seq_len: int  # train rows are padded to this (prompt + budget fits)
+    seq_len: int  # longest train row (prompt + budget fits); rows are padded to a multiple of seq_bucket
+    seq_bucket: int = 256  # few distinct padded lengths -> few compiles
     rows: int  # train rows per update (kept rows padded with zero-mask rows: one compiled shape)
 
     def __post_init__(self) -> None:
@@ -108,7 +109,9 @@ class RLTrainer:
     def update(self, trajs: Sequence[Trajectory], kept: np.ndarray, adv: np.ndarray) -> dict[str, float]:
         """One train step on the kept trajectories (padded to ``cfg.rows`` zero-mask rows)."""
         rows = [trajs[i] for i in kept][: self.cfg.rows]
-        batch = trajectories_to_batch(rows, adv[: len(rows)], self.cfg.seq_len, self.tok.pad_id)
+        longest = max(len(t.prompt_tokens) + len(t.response_tokens) for t in rows)
+        seq_len = min(self.cfg.seq_len, -(-longest // self.cfg.seq_bucket) * self.cfg.seq_bucket)
+        batch = trajectories_to_batch(rows, adv[: len(rows)], seq_len, self.tok.pad_id)
         pad = self.cfg.rows - len(rows)
         if pad:
             batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype) + (

@@ -1,0 +1,301 @@
+"""The main job (``make demo``): SFT a tiny byte-level policy from scratch, then GRPO-RoC, on CPU.
+
+Phases (each with a progress bar): toy problems -> SFT traces run through the real sandbox ->
+SFT -> held-out eval -> RL steps (paged engines + capacity dispatcher + sandbox + verifier +
+RoC + train step), held-out eval every ``--eval-every`` steps -> orbax checkpoint, metrics JSONL,
+PNG plots and a summary table in ``--out``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if "jax" not in sys.modules:  # one fake CPU device per engine, so engines run concurrently
+    _n = next((a.split("=")[1] for a in sys.argv if a.startswith("--engines=")), None)
+    if _n is None and "--engines" in sys.argv:
+        _n = sys.argv[sys.argv.index("--engines") + 1]
+    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={max(1, int(_n or 2))}")
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+from rstar2_jax.config import ModelConfig  # noqa: E402
+from rstar2_jax.data.chat import render_records  # noqa: E402
+from rstar2_jax.data.sft_traces import TraceConfig, build_traces  # noqa: E402
+from rstar2_jax.data.toy import make_splits  # noqa: E402
+from rstar2_jax.eval import EvalConfig, evaluate  # noqa: E402
+from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
+from rstar2_jax.rewards import RewardFn  # noqa: E402
+from rstar2_jax.rl import LossConfig, OptimConfig, RLConfig, RocConfig  # noqa: E402
+from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state  # noqa: E402
+from rstar2_jax.rl.train_step import init_train_state  # noqa: E402
+from rstar2_jax.rollout.dispatcher import RolloutConfig  # noqa: E402
+from rstar2_jax.rollout.template import TemplateConfig  # noqa: E402
+from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature  # noqa: E402
+from rstar2_jax.sandbox import SandboxLimits, SandboxPool  # noqa: E402
+from rstar2_jax.sft import SFTConfig, train_sft  # noqa: E402
+from rstar2_jax.tokenizer import ByteTokenizer  # noqa: E402
+from rstar2_jax.trainer import RLTrainer, TrainerConfig  # noqa: E402
+from rstar2_jax.utils.metrics import MetricsLogger, plot_metrics  # noqa: E402
+
+ROC_MODES = ("paper", "deterministic", "none")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="runs/toy_tool_math")
+    ap.add_argument("--roc-mode", default="paper", help=f"one of {ROC_MODES}")
+    ap.add_argument("--sft-traces", type=int, default=800, help="SFT traces (from train problems)")
+    ap.add_argument("--sft-epochs", type=float, default=2.0)
+    ap.add_argument("--sft-lr", type=float, default=3e-3)
+    ap.add_argument("--sft-batch", type=int, default=4, help="packed rows of 1024 tokens per SFT step")
+    ap.add_argument("--rl-steps", type=int, default=30)
+    ap.add_argument("--problems-per-step", type=int, default=16)
+    ap.add_argument("--group", type=int, default=4, help="G kept per problem (2G sampled)")
+    ap.add_argument("--rl-lr", type=float, default=3e-4)
+    ap.add_argument("--budget", type=int, default=400, help="response tokens per trajectory, tools included")
+    ap.add_argument("--eval-every", type=int, default=10)
+    ap.add_argument("--n-eval", type=int, default=200, help="held-out problems")
+    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--slots", type=int, default=32, help="decode slots per engine")
+    ap.add_argument("--hidden", type=int, default=128)
+    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--sandbox-workers", type=int, default=2)
+    ap.add_argument("--sft-cache", default=None,
+                    help="directory: reuse an SFT policy saved there with the same settings, else train and save it")
+    ap.add_argument("--old-logp", default="sampler", choices=("sampler", "recompute"),
+                    help="pi_old: the sampler's log-probs (same weights; saves a forward) or a trainer recompute")
+    ap.add_argument("--exec-time", type=int, default=1, choices=(0, 1),
+                    help="1: tool responses report execution time (as rStar2); 0: reproducible tool text")
+    ap.add_argument("--ckpt-every", type=int, default=5, help="RL steps between checkpoints")
+    ap.add_argument("--ckpt-every-sft", type=int, default=20, help="SFT steps between checkpoints")
+    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    ap.add_argument("--no-progress", action="store_true")
+    args = ap.parse_args(argv)
+    errors = []
+    if args.roc_mode not in ROC_MODES:
+        errors.append(f"--roc-mode must be one of {ROC_MODES}, got {args.roc_mode!r}")
+    for name in ("sft_traces", "problems_per_step", "group", "budget", "eval_every", "n_eval", "engines", "slots",
+                 "hidden", "layers", "sandbox_workers", "ckpt_every", "ckpt_every_sft", "sft_batch"):
+        if getattr(args, name) < 1:
+            errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("rl_steps",):
+        if getattr(args, name) < 0:
+            errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    for name in ("sft_epochs", "sft_lr", "rl_lr"):
+        if not getattr(args, name) > 0:
+            errors.append(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.hidden % 4:
+        errors.append(f"--hidden must be a multiple of 4 (heads), got {args.hidden}")
+    if errors:
+        ap.error("; ".join(errors))
+    return args
+
+
+def build_model(args: argparse.Namespace, vocab: int) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=4,
+                       num_kv_heads=2, head_dim=args.hidden // 4, intermediate_size=4 * args.hidden,
+                       rope_theta=10_000.0, max_position_embeddings=4096)
+
+
+def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, tok) -> list[PagedEngine]:
+    devices = jax.devices()
+    page_size = 16
+    pages = args.slots * math.ceil(max_seq_len / page_size) // 2 + 8  # ~half the worst case: paging pays
+    ecfg = EngineConfig(num_slots=args.slots, page_size=page_size, max_seq_len=max_seq_len, num_pages=pages,
+                        prefill_chunk=128)
+    return [PagedEngine(graphdef, params, mcfg, ecfg, decode_fn=tok.decode, device=devices[i % len(devices)])
+            for i in range(args.engines)]
+
+
+def _sft_key(args: argparse.Namespace) -> str:
+    keys = ("seed", "sft_traces", "sft_epochs", "sft_lr", "sft_batch", "hidden", "layers", "exec_time")
+    return "sft_" + "_".join(f"{k}={getattr(args, k)}" for k in keys)
+
+
+def load_sft_cache(args, params, sft_cfg: SFTConfig):
+    """(state, sft_log) cached for these settings, or None."""
+    d = Path(args.sft_cache) / _sft_key(args) if args.sft_cache else None
+    if d is None or not (d / "sft_metrics.jsonl").exists():
+        return None
+    with Checkpointer(d / "ckpt", max_to_keep=1) as ckpt:
+        restored = ckpt.restore(abstract_train_state(params, sft_cfg.rl_view()))
+    if restored is None:
+        return None
+    return restored.state, [json.loads(x) for x in (d / "sft_metrics.jsonl").read_text().splitlines()]
+
+
+def save_sft_cache(args, state, sft_cfg: SFTConfig, log: list[dict]) -> None:
+    if not args.sft_cache:
+        return
+    d = Path(args.sft_cache) / _sft_key(args)
+    with Checkpointer(d / "ckpt", max_to_keep=1) as ckpt:
+        ckpt.save(state, config=sft_cfg.rl_view())
+    (d / "sft_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.resume and (out / "args.json").exists():
+        saved = json.loads((out / "args.json").read_text())
+        diff = {k: (saved.get(k), v) for k, v in vars(args).items()
+                if k not in ("resume", "no_progress") and saved.get(k) != v}
+        if diff:
+            raise SystemExit(f"--resume: settings differ from the run in {out}: {diff}")
+    (out / "args.json").write_text(json.dumps(vars(args), indent=2))
+    show = not args.no_progress
+    tok, tpl = ByteTokenizer(), TemplateConfig.toy(report_exec_time=args.exec_time)
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
+
+    train, heldout = make_splits(args.seed, args.sft_traces + max(args.rl_steps * args.problems_per_step, 1),
+                                 args.n_eval)
+    sft_problems, rl_problems = train[: args.sft_traces], train[args.sft_traces:]
+    limits = SandboxLimits(wall_s=3.0, cpu_s=3.0, memory_mb=2048,
+                           preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
+    mcfg = build_model(args, tok.vocab_size)
+    graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
+    sft_cfg = SFTConfig(seq_len=1024, batch_size=args.sft_batch, epochs=args.sft_epochs, logprob_chunk_size=256,
+                        optim=OptimConfig(lr=args.sft_lr, warmup_steps=20, weight_decay=0.01))
+    rl_cfg = RLConfig(roc=RocConfig(keep_per_group=args.group, mode=args.roc_mode),
+                      optim=OptimConfig(lr=args.rl_lr, warmup_steps=3, weight_decay=0.01, max_grad_norm=1.0),
+                      loss=LossConfig(), logprob_chunk_size=128, old_logp_source=args.old_logp)
+    # One checkpoint directory for the whole run: the state (SFT or RL phase, same pytree structure),
+    # the cursor {"phase", "step"}; metrics.jsonl holds the metrics so far. Saves are atomic (orbax).
+    ckpt = Checkpointer(out / "checkpoint", max_to_keep=2)
+    restored = ckpt.restore(abstract_train_state(params, rl_cfg)) if args.resume else None
+    cursor = restored.data_cursor if restored is not None else {"phase": "start", "step": 0}
+    if args.resume:
+        print(f"resume: {'from ' + json.dumps(cursor) if restored else 'no checkpoint, starting fresh'}")
+
+    with SandboxPool(workers=args.sandbox_workers, limits=limits) as pool:
+        reward_fn = RewardFn(pool=pool).batch
+        t = time.perf_counter()
+        traces = build_traces(sft_problems, pool=pool, cfg=TraceConfig(), template_cfg=tpl, seed=args.seed)
+        examples = render_records(traces, tok, tpl)
+        timings["traces_s"] = time.perf_counter() - t
+        max_seq_len = max(len(e[0]) for e in examples) + args.budget
+
+        # ---- SFT ---------------------------------------------------------------------------------
+        t = time.perf_counter()
+        sft_log_path = out / "sft_metrics.jsonl"
+        if cursor["phase"] == "rl":
+            sft_state = None
+        else:
+            cached = load_sft_cache(args, params, sft_cfg) if cursor["phase"] == "start" else None
+            if cached is not None:
+                sft_state, sft_log = cached
+                sft_log_path.write_text("".join(json.dumps(r) + "\n" for r in sft_log))
+            else:
+                resume_state = restored.state if cursor["phase"] == "sft" else None
+                sft_logger = MetricsLogger(sft_log_path, resume=resume_state is not None,
+                                           keep_until_step=cursor["step"])
+
+                def on_state(i: int, st) -> None:
+                    if i % args.ckpt_every_sft == 0:
+                        ckpt.save(st, data_cursor={"phase": "sft", "step": i}, config=sft_cfg.rl_view())
+
+                sft_state = train_sft(graphdef, params, examples, sft_cfg, pad_id=tok.pad_id, seed=args.seed,
+                                      state=resume_state, on_step=lambda i, m: sft_logger.log({"step": i, **m}),
+                                      on_state=on_state, show_progress=show)
+                save_sft_cache(args, sft_state, sft_cfg, sft_logger.rows)
+        timings["sft_s"] = time.perf_counter() - t
+
+        # ---- RL ----------------------------------------------------------------------------------
+        engines = make_engines(graphdef, params, mcfg, args, max_seq_len, tok)
+        rollout_cfg = RolloutConfig(n_samples=2 * args.group, budget=args.budget, template=tpl,
+                                    sampler=Temperature(temperature=1.0))
+        tcfg = TrainerConfig(rl=rl_cfg, rollout=rollout_cfg, seq_len=max_seq_len,
+                             rows=args.problems_per_step * args.group)
+        if cursor["phase"] == "rl":
+            state, start = restored.state, cursor["step"]
+        else:
+            state, start = init_train_state(sft_state.params, rl_cfg, args.seed), None
+        trainer = RLTrainer(graphdef, state, engines, pool, tok, reward_fn, tcfg)
+        eval_cfg = EvalConfig(k=1, budget=args.budget, template=tpl)
+
+        def held_out(tag: str) -> dict:
+            trainer.sync_engines()
+            _, summary = evaluate(heldout, engines, pool, tok, reward_fn, eval_cfg, seed=args.seed,
+                                  show_progress=show, out_jsonl=out / f"eval_{tag}.jsonl")
+            return summary
+
+        logger = MetricsLogger(out / "metrics.jsonl", resume=start is not None, keep_until_step=start)
+        if start is None:
+            t = time.perf_counter()
+            sft_eval = held_out("sft")
+            timings["eval_sft_s"] = time.perf_counter() - t
+            logger.log({"step": 0, "heldout_acc": sft_eval["pass@1"],
+                        "heldout_tool_error_rate": sft_eval["tool_error_rate"],
+                        "heldout_response_len": sft_eval["mean_response_tokens"]})
+            start = 0
+            ckpt.save(trainer.state, data_cursor={"phase": "rl", "step": 0}, config=rl_cfg)
+        t_rl = time.perf_counter()
+        bar = tqdm(range(start + 1, args.rl_steps + 1), desc="rl", disable=not show)
+        for step in bar:
+            batch = rl_problems[(step - 1) * args.problems_per_step: step * args.problems_per_step]
+            t = time.perf_counter()
+            m, _ = trainer.step(batch, seed=args.seed * 100_003 + step)
+            m.update(step=step, step_s=time.perf_counter() - t)
+            if step % args.eval_every == 0 or step == args.rl_steps:
+                ev = held_out(f"step{step}")
+                m.update(heldout_acc=ev["pass@1"], heldout_tool_error_rate=ev["tool_error_rate"],
+                         heldout_response_len=ev["mean_response_tokens"])
+            logger.log(m)
+            if step % args.ckpt_every == 0 or step == args.rl_steps:
+                ckpt.save(trainer.state, data_cursor={"phase": "rl", "step": step}, config=rl_cfg,
+                          metrics={"reward": m["reward"]})
+            bar.set_postfix(reward=f"{m['reward']:.2f}")
+        timings["rl_s"] = time.perf_counter() - t_rl
+    ckpt.close()
+    timings["total_s"] = time.perf_counter() - t_start
+    plot_metrics(logger.rows, out / "metrics.png")
+    summary = summarize_run(args, logger.rows, sft_log_path, timings)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary, out)
+    return summary
+
+
+def summarize_run(args, rows: list[dict], sft_log_path: Path, timings: dict) -> dict:
+    evals = [r for r in rows if r.get("heldout_acc") is not None]
+    first, last = evals[0], evals[-1]
+    sft_log = [json.loads(x) for x in sft_log_path.read_text().splitlines()] if sft_log_path.exists() else []
+    return {
+        "seed": args.seed, "roc_mode": args.roc_mode, "rl_steps": args.rl_steps,
+        "sft_heldout_acc": first["heldout_acc"], "rl_heldout_acc": last["heldout_acc"],
+        "delta_acc": last["heldout_acc"] - first["heldout_acc"],
+        "sft_tool_error_rate": first["heldout_tool_error_rate"], "rl_tool_error_rate": last["heldout_tool_error_rate"],
+        "sft_response_len": first["heldout_response_len"], "rl_response_len": last["heldout_response_len"],
+        "sft_final_loss": sft_log[-1]["loss"] if sft_log else None,
+        "train_tool_error_rate_pos_last": next((r["tool_error_rate_pos"] for r in reversed(rows)
+                                                if r.get("tool_error_rate_pos") is not None), None),
+        **timings,
+    }
+
+
+def print_summary(s: dict, out: Path) -> None:
+    print("\n=== toy_tool_math summary ===")
+    print(f"{'':28s}{'after SFT':>12s}{'after RL':>12s}")
+    print(f"{'held-out accuracy':28s}{s['sft_heldout_acc']:12.3f}{s['rl_heldout_acc']:12.3f}")
+    print(f"{'tool error rate':28s}{s['sft_tool_error_rate']:12.3f}{s['rl_tool_error_rate']:12.3f}")
+    print(f"{'mean response tokens':28s}{s['sft_response_len']:12.1f}{s['rl_response_len']:12.1f}")
+    print(f"time: traces {s['traces_s']:.0f}s, SFT {s['sft_s']:.0f}s, RL {s.get('rl_s', 0):.0f}s, "
+          f"total {s['total_s']:.0f}s")
+    print(f"outputs: {out}/metrics.jsonl, {out}/metrics.png, {out}/summary.json, {out}/checkpoint")
+
+
+if __name__ == "__main__":
+    main()
