@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.template import TemplateConfig
-from rstar2_jax.sampling import Greedy, Sampler, Temperature
+from rstar2_jax.sampling import Greedy, Sampler, Temperature, TopP
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -35,10 +36,27 @@ class EvalConfig:
         return cls(k=k, sampler=Temperature(temperature=temperature), **kw)
 
 
+def make_sampler(temperature: float, top_p: float = 1.0) -> Sampler:
+    """``temperature == 0``: greedy; ``top_p < 1``: nucleus at that temperature; else plain temperature."""
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, got {temperature}, {top_p}")
+    if temperature == 0:
+        return Greedy()
+    return TopP(p=top_p, temperature=temperature) if top_p < 1 else Temperature(temperature=temperature)
+
+
 def evaluate(problems: Sequence[Any], engines: Sequence[Any], pool: Any, tokenizer: Any, reward_fn: Any,
              cfg: EvalConfig, *, seed: int = 0, show_progress: bool = True,
-             out_jsonl: str | Path | None = None) -> tuple[list[dict], dict[str, Any]]:
-    """Roll out ``cfg.k`` samples per problem; returns (per-problem rows, summary)."""
+             out_jsonl: str | Path | None = None, keep_text: bool = False) -> tuple[list[dict], dict[str, Any]]:
+    """Roll out ``cfg.k`` samples per problem; returns (per-problem rows, summary).
+
+    One row per problem (lists have one entry per sample): ``id``, ``gold``, ``answers`` (extracted
+    ``\\boxed{}`` content or null), ``correct``, ``pass@1`` (mean of ``correct``), ``tool_calls``,
+    ``tool_errors`` (tool responses that are not ``ok``), ``response_tokens`` (whole response, tool
+    tokens included), ``generated_tokens`` (sampled only), ``turns`` (assistant turns), ``done``
+    (``answer|eos|max_turns|budget|error``), ``errors`` (message of an ``error`` finish, else null);
+    with ``keep_text`` also ``responses`` (the assistant text of each sample, turns joined).
+    """
     rcfg = RolloutConfig(n_samples=cfg.k, budget=cfg.budget, sampler=cfg.sampler, template=cfg.template)
     result = Dispatcher(engines, pool, tokenizer, reward_fn, rcfg).run(problems, seed=seed,
                                                                         show_progress=show_progress)
@@ -50,26 +68,39 @@ def evaluate(problems: Sequence[Any], engines: Sequence[Any], pool: Any, tokeniz
             "answers": [t.reward_info.get("answer") for t in ts], "correct": [bool(t.reward) for t in ts],
             "pass@1": float(np.mean([t.reward for t in ts])), "tool_calls": [len(t.tools) for t in ts],
             "tool_errors": [sum(r.status != "ok" for r in t.tools) for t in ts],
-            "response_tokens": [len(t.response_tokens) for t in ts], "done": [t.done_reason for t in ts],
+            "response_tokens": [len(t.response_tokens) for t in ts],
+            "generated_tokens": [int(sum(t.loss_mask)) for t in ts], "turns": [len(t.turns) for t in ts],
+            "done": [t.done_reason for t in ts], "errors": [t.error for t in ts],
         })
+        if keep_text:
+            rows[-1]["responses"] = [t.assistant_text for t in ts]
     summary = summarize(rows)
     summary["rollout"] = {k: v for k, v in result.metrics.items() if not isinstance(v, list)}
     if out_jsonl is not None:
         path = Path(out_jsonl)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     return rows, summary
 
 
 def summarize(rows: Sequence[dict]) -> dict[str, Any]:
-    """pass@1 (mean over problems of the per-problem mean), mean response length, tool use."""
+    """pass@1 (mean over problems of the per-problem mean), mean response length, tool use.
+
+    Lengths and tool counts are means over all trajectories (every problem has k of them);
+    ``tool_error_rate`` = tool errors / tool calls over the whole set.
+    """
     if not rows:
         return {"n": 0, "pass@1": 0.0}
-    flat = lambda key: [x for r in rows for x in r[key]]  # noqa: E731
+    flat = lambda key: [x for r in rows for x in r.get(key, ())]  # noqa: E731
     calls = flat("tool_calls")
-    return {
+    out = {
         "n": len(rows), "k": len(rows[0]["correct"]), "pass@1": float(np.mean([r["pass@1"] for r in rows])),
         "mean_response_tokens": float(np.mean(flat("response_tokens"))),
         "tool_calls_per_traj": float(np.mean(calls)),
         "tool_error_rate": float(np.sum(flat("tool_errors")) / max(1, np.sum(calls))),
     }
+    if flat("generated_tokens"):
+        out["mean_generated_tokens"] = float(np.mean(flat("generated_tokens")))
+    if flat("done"):
+        out["done_reasons"] = dict(sorted(Counter(flat("done")).items()))
+    return out

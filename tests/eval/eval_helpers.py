@@ -1,0 +1,18 @@
+"""Shared helpers for the eval tests: the shared data directory and the CLI module."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def load_script(name: str):
+    """Import ``experiments/<name>.py`` as a module (experiments/ is not a package)."""
+    path = REPO / "experiments" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"_experiments_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
