@@ -49,6 +49,9 @@ class ScriptedEngine:
         s["max_new"] = max_new_tokens
         self._active.append(seq_id)
 
+    def set_params(self, params) -> None:  # weights do not change what a script says
+        self.params = params
+
     def release(self, seq_id: int) -> None:
         self._seqs.pop(seq_id)
         self.released.append(seq_id)
