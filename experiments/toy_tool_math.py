@@ -34,6 +34,7 @@ from rstar2_jax.data.chat import render_records  # noqa: E402
 from rstar2_jax.data.sft_traces import TraceConfig, build_traces  # noqa: E402
 from rstar2_jax.data.toy import make_splits  # noqa: E402
 from rstar2_jax.eval import EvalConfig, evaluate  # noqa: E402
+from rstar2_jax.eval.load_policy import toy_model_config  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.rewards import RewardFn  # noqa: E402
 from rstar2_jax.rl import LossConfig, OptimConfig, RLConfig, RocConfig  # noqa: E402
@@ -104,9 +105,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_model(args: argparse.Namespace, vocab: int) -> ModelConfig:
-    return ModelConfig(vocab_size=vocab, hidden_size=args.hidden, num_layers=args.layers, num_heads=4,
-                       num_kv_heads=2, head_dim=args.hidden // 4, intermediate_size=4 * args.hidden,
-                       rope_theta=10_000.0, max_position_embeddings=4096)
+    return toy_model_config(vars(args), vocab)  # one definition, shared with the eval loader
 
 
 def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, tok) -> list[PagedEngine]:
@@ -167,6 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     limits = SandboxLimits(wall_s=3.0, cpu_s=3.0, memory_mb=2048,
                            preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
     mcfg = build_model(args, tok.vocab_size)
+    (out / "config.json").write_text(json.dumps(mcfg.to_hf(), indent=2))  # the policy's shape, HF-style
     graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
     sft_cfg = SFTConfig(seq_len=1024, batch_size=args.sft_batch, epochs=args.sft_epochs, logprob_chunk_size=256,
                         optim=OptimConfig(lr=args.sft_lr, warmup_steps=20, weight_decay=0.01))

@@ -1,0 +1,93 @@
+"""The recipe: stage rules (pure), the stage-3 filter on a scripted policy, and a full --dry-run."""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from rstar2_jax.recipe import RecipeConfig, filter_unsolved, next_stage, truncation_settled
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+
+def test_truncation_settled_needs_a_stable_window_near_target():
+    # window 3 near 0.10 +- 0.03: [0.30, 0.12, 0.09, 0.11] -> last three mean 0.107, spread 0.03 <= 0.06
+    assert truncation_settled([0.30, 0.12, 0.09, 0.11], 0.10, 0.03, 3)
+    assert not truncation_settled([0.30, 0.12, 0.09], 0.10, 0.03, 3)  # 0.30 in the window: mean 0.17
+    assert not truncation_settled([0.02, 0.18, 0.10], 0.10, 0.05, 3)  # mean 0.10 but spread 0.16 > 0.10
+    assert not truncation_settled([0.1], 0.10, 0.03, 3)  # not enough history
+
+
+def test_stage_transitions():
+    cfg = RecipeConfig.dry_run(stage1_max_steps=5, trunc_target=0.1, trunc_tol=0.01, trunc_window=2)
+    assert next_stage("sft", stage_step=0, cfg=cfg, trunc_history=[]) == "rl_stage1"
+    assert next_stage("rl_stage1", stage_step=1, cfg=cfg, trunc_history=[0.5]) == "rl_stage1"
+    assert next_stage("rl_stage1", stage_step=2, cfg=cfg, trunc_history=[0.1, 0.1]) == "rl_stage2"
+    assert next_stage("rl_stage1", stage_step=5, cfg=cfg, trunc_history=[0.5] * 5) == "rl_stage2"  # max steps
+    assert next_stage("rl_stage2", stage_step=cfg.stage2_max_steps, cfg=cfg, trunc_history=[]) == "filter"
+    assert next_stage("filter", stage_step=0, cfg=cfg, trunc_history=[]) == "rl_stage3"
+    assert next_stage("rl_stage3", stage_step=cfg.stage3_steps, cfg=cfg, trunc_history=[]) == "done"
+
+
+def test_filter_unsolved_keeps_exactly_the_not_always_solved():
+    assert filter_unsolved(["a", "b", "c", "d"], [8, 7, 0, 8], 8) == ["b", "c"]
+    with pytest.raises(ValueError, match="counts must be in"):
+        filter_unsolved(["a"], [9], 8)
+
+
+def test_config_file_errors_name_the_field(tmp_path):
+    (tmp_path / "c.json").write_text(json.dumps({"group": 16, "grup": 3}))
+    with pytest.raises(ValueError, match="unknown field 'grup'"):
+        RecipeConfig.from_json(tmp_path / "c.json")
+    with pytest.raises(ValueError, match="RecipeConfig.group .64. must be <= samples_per_problem"):
+        RecipeConfig(group=64)
+    full = RecipeConfig.from_json(Path(__file__).resolve().parents[1] / "experiments/configs/rstar2_14b.json")
+    assert (full.samples_per_problem, full.group, full.problems_per_step, full.rl_lr) == (32, 16, 128, 1e-6)
+    assert full.mesh.shape(64) == (1, 8, 8)
+
+
+def test_stage3_filter_on_a_scripted_policy():
+    """The stage-2 policy's 8/8-solved problems are dropped: scripted solve rates 8/8, 5/8, 0/8."""
+    from rstar2_jax.eval import EvalConfig, evaluate
+    from rstar2_jax.rewards import RewardFn
+    from rstar2_jax.rollout import TemplateConfig
+    from rstar2_jax.sandbox import SandboxLimits, SandboxPool
+    from rstar2_jax.tokenizer import ByteTokenizer
+    from tests.rollout.fakes import ScriptedEngine
+
+    tok = ByteTokenizer()
+    solves = {"always": 8, "often": 5, "never": 0}
+
+    def script(prompt, child, turn):
+        name = re.search(r"<\|im_start\|>user\n(\w+)", tok.decode(prompt)).group(1)
+        ans = 7 if child < solves[name] else 8
+        return f"x</reason><answer>\\boxed{{{ans}}}</answer><|im_end|>"
+
+    class P:
+        def __init__(self, name):
+            self.id = self.problem = name
+            self.answer = "7"
+
+    problems = [P(n) for n in solves]
+    limits = SandboxLimits(preload=("numpy", "sympy", "rstar2_jax.rewards.worker"), memory_mb=2048)
+    with SandboxPool(workers=1, limits=limits) as pool:
+        rows, _ = evaluate(problems, [ScriptedEngine(tok, script)], pool, tok, RewardFn(pool=pool).batch,
+                           EvalConfig.sampled(8, budget=64, template=TemplateConfig.toy()), show_progress=False)
+    counts = [sum(r["correct"]) for r in rows]
+    assert counts == [8, 5, 0]
+    assert filter_unsolved([p.id for p in problems], counts, 8) == ["often", "never"]
+
+
+@pytest.mark.slow
+def test_dry_run_passes_every_stage(tmp_path):
+    import rstar2_recipe
+
+    summary = rstar2_recipe.main(["--dry-run", "--out", str(tmp_path), "--no-progress"])
+    assert summary["stages"] == ["sft", "rl_stage1", "rl_stage2", "filter", "rl_stage3"]
+    steps = summary["steps_per_stage"]
+    assert steps["rl_stage1"] >= 1 and steps["rl_stage2"] == 1 and steps["rl_stage3"] == 1
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert any(r.get("stage") == "filter" for r in rows)
+    assert (tmp_path / "checkpoint").exists()
