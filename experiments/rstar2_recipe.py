@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> dict:
         visited: list[str] = []
 
         def save(st) -> None:
-            ckpt.save(st, data_cursor=cur, config=rl_cfg)
+            cur["save_id"] = cur.get("save_id", 0) + 1  # increasing across phases (SFT and RL steps restart)
+            ckpt.save(st, data_cursor=cur, config=rl_cfg, step=cur["save_id"])
 
         # ---- non-reasoning SFT ---------------------------------------------------------------------
         if cur["stage"] == "sft":
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> dict:
 
             def on_state(i: int, st) -> None:
                 if i % cfg.ckpt_every == 0:
-                    ckpt.save(st, data_cursor={**cur, "stage_step": i}, config=rl_cfg)
+                    cur["save_id"] = cur.get("save_id", 0) + 1
+                    ckpt.save(st, data_cursor={**cur, "stage_step": i}, config=rl_cfg, step=cur["save_id"])
 
             state = train_sft(graphdef, params, examples, scfg, pad_id=tok.pad_id, mesh=mesh, seed=args.seed,
                               state=state, show_progress=show, on_state=on_state,

@@ -50,6 +50,7 @@ from rstar2_jax.trainer import RLTrainer, TrainerConfig  # noqa: E402
 from rstar2_jax.utils.metrics import MetricsLogger, plot_metrics  # noqa: E402
 
 ROC_MODES = ("paper", "deterministic", "none")
+RL_CKPT_BASE = 1_000_000  # checkpoint ids: SFT step i -> i, RL step k -> RL_CKPT_BASE + k (newest = latest)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -205,8 +206,8 @@ def main(argv: list[str] | None = None) -> dict:
                                            keep_until_step=cursor["step"])
 
                 def on_state(i: int, st) -> None:
-                    if i % args.ckpt_every_sft == 0:
-                        ckpt.save(st, data_cursor={"phase": "sft", "step": i}, config=sft_cfg.rl_view())
+                    if i % args.ckpt_every_sft == 0:  # checkpoint ids: SFT step i -> i
+                        ckpt.save(st, data_cursor={"phase": "sft", "step": i}, config=sft_cfg.rl_view(), step=i)
 
                 sft_state = train_sft(graphdef, params, examples, sft_cfg, pad_id=tok.pad_id, seed=args.seed,
                                       state=resume_state, on_step=lambda i, m: sft_logger.log({"step": i, **m}),
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict:
                         "heldout_tool_error_rate": sft_eval["tool_error_rate"],
                         "heldout_response_len": sft_eval["mean_response_tokens"]})
             start = 0
-            ckpt.save(trainer.state, data_cursor={"phase": "rl", "step": 0}, config=rl_cfg)
+            ckpt.save(trainer.state, data_cursor={"phase": "rl", "step": 0}, config=rl_cfg, step=RL_CKPT_BASE)
         t_rl = time.perf_counter()
         bar = tqdm(range(start + 1, args.rl_steps + 1), desc="rl", disable=not show)
         for step in bar:
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
             logger.log(m)
             if step % args.ckpt_every == 0 or step == args.rl_steps:
                 ckpt.save(trainer.state, data_cursor={"phase": "rl", "step": step}, config=rl_cfg,
-                          metrics={"reward": m["reward"]})
+                          metrics={"reward": m["reward"]}, step=RL_CKPT_BASE + step)
             bar.set_postfix(reward=f"{m['reward']:.2f}")
         timings["rl_s"] = time.perf_counter() - t_rl
     ckpt.close()

@@ -92,9 +92,13 @@ class Checkpointer:
         self._mngr = ocp.CheckpointManager(self.directory, options=opts, item_names=("state", "meta"))
 
     def save(self, state: TrainState, *, data_cursor: Any = None, config: RLConfig | dict | None = None,
-             metrics: dict[str, Any] | None = None, force: bool = True) -> bool:
-        """Write checkpoint ``int(state.step)``; returns whether a save happened."""
-        step = int(state.step)
+             metrics: dict[str, Any] | None = None, force: bool = True, step: int | None = None) -> bool:
+        """Write checkpoint number ``step`` (default ``int(state.step)``); returns whether a save happened.
+
+        Runs with several phases (SFT then RL, whose ``state.step`` restarts) pass their own
+        increasing ``step`` so that the newest checkpoint is always the latest in the run.
+        """
+        step = int(state.step) if step is None else int(step)
         if isinstance(config, RLConfig):
             config = config.to_json_dict()
         meta = {"step": step, "data_cursor": data_cursor, "config": config,
