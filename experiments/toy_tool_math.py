@@ -61,7 +61,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sft-traces", type=int, default=800, help="SFT traces (from train problems)")
     ap.add_argument("--sft-epochs", type=float, default=2.0)
     ap.add_argument("--sft-lr", type=float, default=3e-3)
-    ap.add_argument("--sft-batch", type=int, default=4, help="packed rows of 1024 tokens per SFT step")
+    ap.add_argument("--sft-batch", type=int, default=6, help="packed rows per SFT step")
+    ap.add_argument("--sft-seq-len", type=int, default=640, help="packed row length (attention cost grows with it)")
     ap.add_argument("--rl-steps", type=int, default=30)
     ap.add_argument("--problems-per-step", type=int, default=16)
     ap.add_argument("--group", type=int, default=4, help="G kept per problem (2G sampled)")
@@ -89,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.roc_mode not in ROC_MODES:
         errors.append(f"--roc-mode must be one of {ROC_MODES}, got {args.roc_mode!r}")
     for name in ("sft_traces", "problems_per_step", "group", "budget", "eval_every", "n_eval", "engines", "slots",
-                 "hidden", "layers", "sandbox_workers", "ckpt_every", "ckpt_every_sft", "sft_batch"):
+                 "hidden", "layers", "sandbox_workers", "ckpt_every", "ckpt_every_sft", "sft_batch", "sft_seq_len"):
         if getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("rl_steps",):
@@ -120,7 +121,7 @@ def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, to
 
 
 def _sft_key(args: argparse.Namespace) -> str:
-    keys = ("seed", "sft_traces", "sft_epochs", "sft_lr", "sft_batch", "hidden", "layers", "exec_time")
+    keys = ("seed", "sft_traces", "sft_epochs", "sft_lr", "sft_batch", "sft_seq_len", "hidden", "layers", "exec_time")
     return "sft_" + "_".join(f"{k}={getattr(args, k)}" for k in keys)
 
 
@@ -169,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     mcfg = build_model(args, tok.vocab_size)
     (out / "config.json").write_text(json.dumps(mcfg.to_hf(), indent=2))  # the policy's shape, HF-style
     graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
-    sft_cfg = SFTConfig(seq_len=1024, batch_size=args.sft_batch, epochs=args.sft_epochs, logprob_chunk_size=256,
+    sft_cfg = SFTConfig(seq_len=args.sft_seq_len, batch_size=args.sft_batch, epochs=args.sft_epochs, logprob_chunk_size=256,
                         optim=OptimConfig(lr=args.sft_lr, warmup_steps=20, weight_decay=0.01))
     rl_cfg = RLConfig(roc=RocConfig(keep_per_group=args.group, mode=args.roc_mode),
                       optim=OptimConfig(lr=args.rl_lr, warmup_steps=3, weight_decay=0.01, max_grad_norm=1.0),

@@ -122,7 +122,7 @@ def _lcm(rng: random.Random, cfg: ToyConfig) -> tuple[str, int, str]:
 def _sumsq(rng: random.Random, cfg: ToyConfig) -> tuple[str, int, str]:
     n = _digits(rng, cfg.sumsq_digits)
     return (f"What is 1^2+2^2+...+{n}^2?", n * (n + 1) * (2 * n + 1) // 6,
-            f"print(sum(k*k for k in range(1, {n + 1})))")
+            f"print(sum(k*k for k in range(1, {n}+1)))")  # a pure copy of n: no mental arithmetic
 
 
 def _factmod(rng: random.Random, cfg: ToyConfig) -> tuple[str, int, str]:
