@@ -33,6 +33,7 @@ import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from rstar2_jax.distributed import put_global
 from rstar2_jax.model import batch_sharding, constrain, param_shardings, token_logprobs
 from rstar2_jax.rl.config import OptimConfig, RLConfig
 from rstar2_jax.rl.loss import policy_loss
@@ -126,10 +127,11 @@ def host_seed(key: jax.Array) -> int:
 
 def shard_batch(batch: dict[str, Any], mesh: Mesh | None) -> Batch:
     """Put every ``[B, ...]`` batch array on ``mesh`` split over ("data","fsdp") (or on the default
-    device without a mesh)."""
+    device without a mesh). Multi-process: every process passes the same host batch and fills only
+    its own devices' shards (``distributed.put_global``)."""
     if mesh is None:
         return {k: jnp.asarray(v) for k, v in batch.items()}
-    return {k: jax.device_put(np.asarray(v), batch_sharding(mesh, np.ndim(v))) for k, v in batch.items()}
+    return {k: put_global(np.asarray(v), batch_sharding(mesh, np.ndim(v))) for k, v in batch.items()}
 
 
 def _check_batch(batch: dict[str, Any], need_old: bool) -> None:
