@@ -2,26 +2,38 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+BASE := $(VENV)/.installed-base
+DEV := $(VENV)/.installed-dev
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
 
-.PHONY: test demo venv bench clean
+.PHONY: test demo bench notebook clean
 
-venv: $(STAMP)
-
-$(STAMP): setup.cfg pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+$(PY):
+	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
 
-test: $(STAMP)
+# the package alone (what the demo needs)
+$(BASE): setup.cfg pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e .
+	touch $(BASE)
+
+# the package with the dev extra (pytest, hypothesis, torch CPU + transformers for reference tests, nbclient)
+$(DEV): setup.cfg pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(BASE) $(DEV)
+
+test: $(DEV)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-demo: $(STAMP)
+demo: $(BASE)
 	$(PY) experiments/toy_tool_math.py $(DEMO_ARGS)
 
-bench: $(STAMP)
+bench: $(DEV)
 	for b in experiments/bench_*.py; do $(PY) $$b || exit 1; done
+
+notebook: $(DEV)
+	cd notebooks && ../$(PY) -m jupyter nbconvert --to notebook --execute --inplace roc_ablation.ipynb
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

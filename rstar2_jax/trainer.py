@@ -24,7 +24,7 @@ from rstar2_jax.rl import RLConfig, group_advantages, p_total, roc_downsample
 from rstar2_jax.rl.train_step import TrainState, make_train_step
 from rstar2_jax.rollout.batch import trajectories_to_batch
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig, RolloutResult
-from rstar2_jax.rollout.trajectory import Trajectory
+from rstar2_jax.rollout.trajectory import DECODE_ERROR, Trajectory
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -56,6 +56,7 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     return {
         "reward": float(rewards.mean()) if len(trajs) else 0.0,
         "tool_calls_per_traj": float(np.mean([len(t.tools) for t in trajs])) if trajs else 0.0,
+        "tool_calls_executed": int(sum(r.status != DECODE_ERROR for t in trajs for r in t.tools)),  # ran in the sandbox
         "tool_error_rate_pos": positive_tool_error_rate(trajs),
         "response_len": float(np.mean([len(t.response_tokens) for t in trajs])) if trajs else 0.0,
         "truncation_rate": float(np.mean([t.done_reason == "budget" for t in trajs])) if trajs else 0.0,
