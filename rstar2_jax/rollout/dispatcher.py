@@ -93,6 +93,12 @@ class _EngineThread(threading.Thread):
         self.timeline: list[tuple[float, int]] = []
 
     def run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as e:  # noqa: BLE001 - a dead engine thread must not leave run() waiting forever
+            self.out.put(("crashed", self.idx, e))
+
+    def _loop(self) -> None:
         while True:
             try:
                 cmd = self.cmds.get(block=not self.engine.has_work())
@@ -243,6 +249,9 @@ class Dispatcher:
             except Exception as ex:
                 result = CodeResult("sandbox_error", "", f"{type(ex).__name__}: {ex}", None, 0.0, False)
             self._on_tool(t, result, time.perf_counter() - t0)
+        elif kind == "crashed":  # the engine's state is undefined now: fail the whole batch loudly
+            _, e, exc = msg
+            raise RuntimeError(f"engine {e} crashed: {type(exc).__name__}: {exc}") from exc
         elif kind == "engine_error":
             _, e, what, args, err = msg
             if what == "release":
