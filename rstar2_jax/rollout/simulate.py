@@ -1,0 +1,364 @@
+"""Discrete-event simulation of rollout dispatch at a scale no test machine holds (pure Python).
+
+It replays scripted trajectories (sampled tokens per turn; tool latency and appended tokens after
+each call) on ``n_engines`` simulated engines that follow ``PagedEngine``'s rules, under the
+dispatcher's two policies (``rstar2_jax.rollout.dispatcher``):
+
+* ``"capacity"``: a group goes to the engine with the most free capacity, admitted when
+  ``capacity >= ratio * need`` (or the engine is empty), with the dispatcher's formula
+  ``capacity(e) = usable - held(e) - ratio * sum_t ceil(remaining(t) / Z)`` on what it knows at
+  turn boundaries; ``ratio`` decays per admission and rises on a preemption (``SimPolicy``).
+* ``"static"``: groups split evenly (contiguous) and all handed to their engine at once.
+
+Engine model (both policies): at most ``num_slots`` sequences decode together; a step takes
+``step_s_fixed + step_s_per_row * rows`` seconds and gives each decoding sequence one token
+(a sequence first spends ``ceil(uncached / prefill_chunk)`` steps feeding its prompt, tool response
+or, after a preemption, everything). A sequence waiting for a tool leaves its slot but keeps its KV.
+Admission is strict FIFO by submission order and needs KV for the sequence's tokens; a full pool
+preempts the newest holder, which later recomputes its K/V. A group's full prompt pages are shared
+until a child is preempted. Time jumps from event to event (turn end, prefill done, pool full,
+tool answer): O(events x slots), no per-token loop.
+
+Approximations (named): KV is counted in tokens plus half a page of slack per holder (not exact
+pages), and admission leaves one token of room per active sequence; every child prefills its own
+prompt, and chunks of different sequences run in parallel (the engine prefills the prompt once and
+feeds ``prefill_rows`` chunks per step); host overheads beyond ``step_s_fixed`` are not modelled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import heapq
+import math
+from typing import Sequence
+
+_EPS = 1e-9
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SimEngine:
+    """One simulated engine (all engines alike)."""
+
+    num_slots: int  # B: sequences decoding at once
+    usable_pages: int  # KV pages (null page excluded)
+    page_size: int  # Z: tokens per page
+    prefill_chunk: int  # C: tokens fed per prefill step
+    step_s_fixed: float  # seconds per step, independent of rows
+    step_s_per_row: float  # seconds per step per active row
+
+    def __post_init__(self) -> None:
+        for name in ("num_slots", "usable_pages", "page_size", "prefill_chunk"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SimEngine.{name} must be >= 1, got {getattr(self, name)}")
+        if self.step_s_fixed < 0 or self.step_s_per_row < 0 or self.step_s_fixed + self.step_s_per_row <= 0:
+            raise ValueError("SimEngine: step times must be >= 0 and not both 0")
+
+    def step_s(self, rows: int) -> float:
+        return self.step_s_fixed + self.step_s_per_row * rows
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SimPolicy:
+    """Dispatch policy; the ratio knobs mirror ``RolloutConfig``'s defaults."""
+
+    policy: str = "capacity"  # or "static"
+    reserve_ratio: float = 1.0  # initial ratio
+    reserve_ratio_min: float = 0.5
+    reserve_ratio_max: float = 1.0
+    ratio_up: float = 0.25  # added per preemption
+    ratio_decay: float = 0.99  # multiplied per admission
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("capacity", "static"):
+            raise ValueError(f"SimPolicy.policy must be 'capacity' or 'static', got {self.policy!r}")
+        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max <= 1:
+            raise ValueError("SimPolicy: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max <= 1")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimTrajectory:
+    """Scripted rollout: ``turns[i]`` sampled tokens; after turn ``i < len(turns) - 1`` a tool call
+    of ``tool_s[i]`` seconds whose response appends ``appended[i]`` tokens."""
+
+    turns: tuple[int, ...]
+    tool_s: tuple[float, ...] = ()
+    appended: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.turns or min(self.turns) < 1:
+            raise ValueError(f"SimTrajectory.turns must be non-empty positive counts, got {self.turns}")
+        if not len(self.tool_s) == len(self.appended) == len(self.turns) - 1:
+            raise ValueError("SimTrajectory: need one tool_s and appended per turn but the last")
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.turns) + sum(self.appended)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimGroup:
+    prompt_len: int
+    trajs: tuple[SimTrajectory, ...]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimResult:
+    makespan_s: float
+    finish_s: list[float]  # per engine: when its last trajectory finished
+    busy_s: list[float]  # per engine: time with at least one sequence in a slot
+    idle_fraction: list[float]  # 1 - busy / makespan
+    mean_rows: list[float]  # time-averaged sequences in slots while busy
+    peak_pages: list[float]  # max KV in use (tokens / Z, slack included)
+    preemptions: int
+    recomputed_tokens: float  # tokens fed again after preemptions
+
+
+class _Seq:
+    __slots__ = ("spec", "group", "order", "engine", "turn", "pre", "dec", "total", "mem", "uncached", "shares",
+                 "resp", "held", "reserve")
+
+    def __init__(self, spec: SimTrajectory, group: "_Group", order: tuple[int, int]):
+        self.spec, self.group, self.order, self.engine, self.turn = spec, group, order, -1, 0
+        self.pre = 0.0  # prefill steps left before decoding
+        self.dec = float(spec.turns[0])  # tokens left to sample in this turn
+        self.total = float(group.prompt_len)  # tokens of the sequence so far
+        self.mem = 0.0  # KV tokens held (0: holds nothing)
+        self.uncached = float(group.prompt_len)  # tokens to feed before sampling
+        self.shares = True  # uses the group's shared prompt pages
+        self.resp = self.held = self.reserve = 0  # the dispatcher's knowledge (turn boundaries)
+
+
+class _Group:
+    __slots__ = ("prompt_len", "shared", "seqs", "sharers", "live")
+
+    def __init__(self, g: SimGroup, idx: int, page_size: int):
+        self.prompt_len = g.prompt_len
+        self.shared = (g.prompt_len // page_size) * page_size  # full prompt pages, held once
+        self.seqs = [_Seq(t, self, (idx, i)) for i, t in enumerate(g.trajs)]
+        self.sharers = 0
+        self.live = len(self.seqs)
+
+
+class _Eng:
+    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "held",
+                 "shared", "reserve", "live", "finish")
+
+    def __init__(self):
+        self.active: list[_Seq] = []
+        self.queue: list[tuple] = []  # heap of (order, seq): strict FIFO by submission order
+        self.holders: set[_Seq] = set()
+        self.t_last = self.busy = self.row_s = self.used = self.peak = self.finish = 0.0
+        self.version = self.held = self.shared = self.reserve = self.live = 0
+
+
+def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, budget: int,
+             policy: SimPolicy = SimPolicy()) -> SimResult:
+    """Run every trajectory to its end; see the module docstring for the model."""
+    z, c = engine.page_size, engine.prefill_chunk
+    cap_tokens = engine.usable_pages * z
+    slack = (z - 1) / 2  # mean unused tail of a sequence's last page
+    for g in groups:
+        if g.prompt_len + budget + slack > cap_tokens:
+            raise ValueError(f"simulate: a sequence of {g.prompt_len} + {budget} tokens never fits one engine")
+    engs = [_Eng() for _ in range(n_engines)]
+    gs = [_Group(g, i, z) for i, g in enumerate(groups)]
+    pending = list(reversed(gs))  # capacity: groups not yet admitted (pop from the end)
+    heap: list[tuple] = []
+    counter = 0
+    n_left = sum(len(g.seqs) for g in gs)
+    ratio = policy.reserve_ratio
+    stats = dict(preemptions=0, recomputed=0.0)
+
+    def push(t: float, kind: str, obj) -> None:
+        nonlocal counter
+        counter += 1
+        heapq.heappush(heap, (t, counter, kind, obj))
+
+    # -- the dispatcher's view --------------------------------------------------------------------
+    def account(e: _Eng, s: _Seq, live: bool) -> None:
+        e.held -= s.held
+        e.reserve -= s.reserve
+        s.held = math.ceil((s.group.prompt_len % z + s.resp) / z) if live else 0
+        s.reserve = math.ceil(max(budget - s.resp, 0) / z) if live else 0
+        e.held += s.held
+        e.reserve += s.reserve
+
+    def capacity(e: _Eng) -> float:
+        return engine.usable_pages - e.held - e.shared - ratio * e.reserve
+
+    def need(g: _Group) -> int:
+        return math.ceil(g.prompt_len / z) + len(g.seqs) * (math.ceil(budget / z) + 1)
+
+    def submit(g: _Group, idx: int, now: float) -> None:
+        e = engs[idx]
+        advance(e, now)
+        e.shared += g.prompt_len // z
+        e.live += len(g.seqs)
+        for s in g.seqs:
+            s.engine = idx
+            account(e, s, True)
+            heapq.heappush(e.queue, (s.order, s))
+        reschedule(idx, now)
+
+    def admit(now: float) -> None:
+        nonlocal ratio
+        while pending:
+            caps = [capacity(e) for e in engs]
+            idx = max(range(n_engines), key=caps.__getitem__)
+            if engs[idx].live and caps[idx] < ratio * need(pending[-1]):
+                return
+            submit(pending.pop(), idx, now)
+            ratio = max(policy.reserve_ratio_min, ratio * policy.ratio_decay)
+
+    # -- the engine ---------------------------------------------------------------------------------
+    def advance(e: _Eng, now: float) -> None:
+        if e.active:
+            dt = now - e.t_last
+            steps = dt / engine.step_s(len(e.active))
+            for s in e.active:
+                p = min(s.pre, steps)
+                s.pre -= p
+                d = steps - p
+                if d > 0:
+                    s.dec -= d
+                    s.total += d
+                    s.mem += d
+                    e.used += d
+            e.busy += dt
+            e.row_s += dt * len(e.active)
+            e.peak = max(e.peak, e.used)
+        e.t_last = now
+
+    def private(s: _Seq) -> float:
+        return s.total - (s.group.shared if s.shares else 0)
+
+    def alloc_need(s: _Seq) -> float:
+        """KV tokens that admitting ``s`` to a slot adds now (all its tokens must be held)."""
+        first_sharer = s.mem == 0 and s.shares and s.group.sharers == 0
+        return private(s) + slack - s.mem + (s.group.shared if first_sharer else 0)
+
+    def hold(e: _Eng, s: _Seq) -> None:
+        if s.mem == 0:
+            e.holders.add(s)
+            if s.shares:
+                if s.group.sharers == 0:
+                    e.used += s.group.shared
+                s.group.sharers += 1
+        n = private(s) + slack - s.mem
+        s.mem += n
+        e.used += n
+        e.peak = max(e.peak, e.used)
+
+    def free(e: _Eng, s: _Seq) -> None:
+        e.used -= s.mem
+        s.mem = 0.0
+        e.holders.discard(s)
+        if s.shares:
+            s.shares = False  # a recomputed child gets private pages (as in PagedEngine)
+            s.group.sharers -= 1
+            if s.group.sharers == 0:
+                e.used -= s.group.shared
+
+    def preempt(e: _Eng, exclude: _Seq | None = None) -> bool:
+        """Free the newest holder's KV; it recomputes everything when it next gets a slot."""
+        nonlocal ratio
+        victims = [s for s in e.holders if s is not exclude]
+        if not victims:
+            return False
+        v = max(victims, key=lambda s: s.order)
+        stats["preemptions"] += 1
+        stats["recomputed"] += v.total - v.uncached
+        ratio = min(policy.reserve_ratio_max, ratio + policy.ratio_up)  # the dispatcher sees it
+        v.uncached = v.total
+        free(e, v)
+        if v in e.active:
+            e.active.remove(v)
+            heapq.heappush(e.queue, (v.order, v))
+        return True
+
+    def fill(e: _Eng) -> None:
+        while e.queue and len(e.active) < engine.num_slots:
+            s = e.queue[0][1]
+            # Room for its tokens plus one per active sequence (a step's growth): an exact fit would be
+            # preempted again at the same instant.
+            if e.used + alloc_need(s) + len(e.active) > cap_tokens + _EPS:
+                if not e.active and preempt(e, exclude=s):
+                    continue  # only paused sequences hold memory: make room
+                return  # strict FIFO: wait for memory
+            heapq.heappop(e.queue)
+            hold(e, s)
+            s.pre = float(math.ceil(s.uncached / c - _EPS))
+            s.uncached = 0.0
+            e.active.append(s)
+
+    def reschedule(idx: int, now: float) -> None:
+        e = engs[idx]
+        fill(e)
+        e.version += 1
+        if not e.active:
+            return
+        k = min(s.pre if s.pre > _EPS else s.dec for s in e.active)
+        decoders = sum(s.pre <= _EPS for s in e.active)
+        if decoders:
+            k = min(k, max(cap_tokens - e.used, 0.0) / decoders)
+        push(now + max(k, 0.0) * engine.step_s(len(e.active)), "engine", (idx, e.version))
+
+    def end_turn(e: _Eng, s: _Seq, now: float) -> bool:
+        s.resp += s.spec.turns[s.turn]
+        if s.turn < len(s.spec.turns) - 1:
+            account(e, s, True)
+            push(now + s.spec.tool_s[s.turn], "tool", s)
+            return False
+        account(e, s, False)
+        free(e, s)
+        e.live -= 1
+        e.finish = now
+        s.group.live -= 1
+        if s.group.live == 0:
+            e.shared -= s.group.prompt_len // z
+        return True
+
+    if policy.policy == "static":
+        for i, g in enumerate(gs):
+            submit(g, i * n_engines // len(gs), 0.0)
+        pending.clear()
+    else:
+        admit(0.0)
+    now = 0.0
+    while n_left:
+        if not heap:
+            raise RuntimeError("simulate: no event left but trajectories unfinished")
+        now, _, kind, obj = heapq.heappop(heap)
+        if kind == "engine":
+            idx, version = obj
+            e = engs[idx]
+            if version != e.version:
+                continue  # superseded by a later change of the active set
+            advance(e, now)
+            ended = [s for s in e.active if s.pre <= _EPS and s.dec <= _EPS]
+            e.active = [s for s in e.active if not (s.pre <= _EPS and s.dec <= _EPS)]
+            done = sum(end_turn(e, s, now) for s in ended)
+            n_left -= done
+            if e.active and cap_tokens - e.used <= _EPS and any(s.pre <= _EPS for s in e.active):
+                preempt(e)  # a decoder needs a page and none is free
+            reschedule(idx, now)
+            if done and pending:
+                admit(now)
+        else:  # a tool answered: the response is appended and the next turn queues
+            s = obj
+            e = engs[s.engine]
+            advance(e, now)
+            s.resp += s.spec.appended[s.turn]
+            s.total += s.spec.appended[s.turn]
+            s.uncached += s.spec.appended[s.turn]
+            s.turn += 1
+            s.dec = float(s.spec.turns[s.turn])
+            account(e, s, True)
+            heapq.heappush(e.queue, (s.order, s))
+            reschedule(s.engine, now)
+    return SimResult(makespan_s=float(now), finish_s=[float(e.finish) for e in engs],
+                     busy_s=[float(e.busy) for e in engs],
+                     idle_fraction=[1 - e.busy / now if now else 0.0 for e in engs],
+                     mean_rows=[e.row_s / e.busy if e.busy else 0.0 for e in engs],
+                     peak_pages=[float(e.peak) / z for e in engs], preemptions=stats["preemptions"],
+                     recomputed_tokens=float(stats["recomputed"]))

@@ -1,0 +1,127 @@
+"""Rollout dispatch simulator: hand-computed makespans and bookkeeping properties."""
+
+import numpy as np
+import pytest
+
+from rstar2_jax.rollout.simulate import SimEngine, SimGroup, SimPolicy, SimTrajectory, simulate
+
+CAPACITY, STATIC = SimPolicy(), SimPolicy(policy="static")
+
+
+def _engine(**kw):
+    base = dict(num_slots=4, usable_pages=100, page_size=16, prefill_chunk=8, step_s_fixed=0.1, step_s_per_row=0.0)
+    base.update(kw)
+    return SimEngine(**base)
+
+
+def _run(groups, n_engines=1, budget=64, policy=CAPACITY, **kw):
+    return simulate(groups, n_engines=n_engines, engine=_engine(**kw), budget=budget, policy=policy)
+
+
+def test_single_turn_costs_prefill_plus_sampled_steps():
+    # 10 sampled + ceil(8 / 8) = 1 prompt step = 11 steps x 0.1 s.
+    res = _run([SimGroup(8, (SimTrajectory((10,)),))])
+    assert res.makespan_s == pytest.approx(1.1)
+
+
+def test_tool_wait_then_response_prefill():
+    # 11 steps (1.1 s) + tool 2.0 s + (5 sampled + ceil(16 / 8) = 2) steps (0.7 s) = 3.8 s.
+    res = _run([SimGroup(8, (SimTrajectory((10, 5), (2.0,), (16,)),))])
+    assert res.makespan_s == pytest.approx(3.8)
+    assert res.busy_s[0] == pytest.approx(1.8) and res.idle_fraction[0] == pytest.approx(2.0 / 3.8)
+
+
+def test_step_time_grows_with_rows():
+    # Both run at 2 rows (0.1 s/step) for 11 steps = 1.1 s; the longer one then runs alone at
+    # 0.05 s/step for its last 21 - 11 = 10 steps = 0.5 s: 1.6 s.
+    res = _run([SimGroup(8, (SimTrajectory((10,)), SimTrajectory((20,))))], step_s_fixed=0.0, step_s_per_row=0.05)
+    assert res.makespan_s == pytest.approx(1.6)
+    assert res.mean_rows[0] == pytest.approx((2 * 1.1 + 1 * 0.5) / 1.6)
+
+
+def test_tool_waiting_sequence_frees_its_slot():
+    # One slot. A: 11 steps (0..1.1), tool until 2.1. B takes the slot at 1.1, runs 11 steps to 2.2.
+    # A's second turn (10 + ceil(8 / 8) = 11 steps) waits for the slot: 2.2 .. 3.3.
+    a = SimTrajectory((10, 10), (1.0,), (8,))
+    res = _run([SimGroup(8, (a, SimTrajectory((10,))))], num_slots=1)
+    assert res.makespan_s == pytest.approx(3.3)
+
+
+def _imbalanced():
+    # Prompt 16, budget 112: need = 1 + 1 x (7 + 1) = 9 pages = usable: one group per engine (capacity).
+    long, short = SimTrajectory((100,)), SimTrajectory((10,))
+    return [SimGroup(16, (long,)), SimGroup(16, (long,)), SimGroup(16, (short,)), SimGroup(16, (short,))]
+
+
+def test_static_split_runs_both_long_groups_on_one_engine():
+    # One slot each. Engine 0 gets [long, long]: 2 x (100 + ceil(16 / 16)) x 0.1 s = 20.2 s; engine 1 2 x 1.1 s.
+    res = _run(_imbalanced(), n_engines=2, budget=112, usable_pages=9, prefill_chunk=16, num_slots=1, policy=STATIC)
+    assert res.makespan_s == pytest.approx(20.2)
+    assert res.finish_s == pytest.approx([20.2, 2.2])
+
+
+def test_capacity_sends_the_long_groups_to_different_engines():
+    # Both longs start at once (10.1 s); each short follows on the engine that frees: 10.1 + 1.1 = 11.2 s.
+    res = _run(_imbalanced(), n_engines=2, budget=112, usable_pages=9, prefill_chunk=16, num_slots=1)
+    assert res.makespan_s == pytest.approx(11.2)
+    assert res.finish_s == pytest.approx([11.2, 11.2])
+
+
+def _two_singles():
+    # Prompt 8 (no full page to share), 40 tokens each; 4 pages = 64 tokens; a holder has 7.5 slack.
+    return [SimGroup(8, (SimTrajectory((40,)),)), SimGroup(8, (SimTrajectory((40,)),))]
+
+
+def test_static_overflow_preempts_the_newest_and_recomputes_it():
+    # Both admitted (15.5 + 15.5 + 1 <= 64), 1 prompt step, then 2 tokens/step: full after
+    # (64 - 31) / 2 = 16.5 steps (t = 1.75). B (newest, 24.5 tokens cached) is preempted; it needs
+    # 32 + 1 of room, so it waits until A ends after 40 - 16.5 = 23.5 more steps (t = 4.1), then
+    # recomputes ceil(24.5 / 8) = 4 steps and samples 23.5: t = 4.1 + 2.75 = 6.85.
+    res = _run(_two_singles(), budget=48, usable_pages=4, num_slots=2, policy=STATIC)
+    assert res.preemptions == 1 and res.recomputed_tokens == pytest.approx(24.5)
+    assert res.makespan_s == pytest.approx(6.85)
+    assert res.peak_pages[0] == pytest.approx(4.0)
+
+
+def test_capacity_waits_instead_of_overflowing():
+    # need = 1 + (3 + 1) = 5 pages > the pool: B waits for A (41 steps), then runs 41: 8.2 s.
+    res = _run(_two_singles(), budget=48, usable_pages=4, num_slots=2)
+    assert res.preemptions == 0 and res.makespan_s == pytest.approx(8.2)
+
+
+def _random_groups(seed, n=24, g=4):
+    rng = np.random.default_rng(seed)
+    groups = []
+    for _ in range(n):
+        trajs = []
+        for _ in range(g):
+            k = int(rng.integers(0, 3))
+            turns = tuple(int(x) for x in rng.integers(1, 30, size=k + 1))
+            trajs.append(SimTrajectory(turns, tuple(rng.uniform(0, 0.5, size=k)), tuple([12] * k)))
+        groups.append(SimGroup(int(rng.integers(4, 40)), tuple(trajs)))
+    return groups  # at most 3 x 29 + 2 x 12 = 111 response tokens
+
+
+@pytest.mark.parametrize("policy", [SimPolicy(reserve_ratio_min=1.0), SimPolicy(), STATIC])
+def test_random_workload_completes_within_the_pool(policy):
+    # need = ceil(39 / 16) + 4 x (ceil(120 / 16) + 1) = 3 + 36 = 39 <= 46 pages: a group always fits.
+    res = _run(_random_groups(0), n_engines=3, budget=120, policy=policy, usable_pages=46, num_slots=32,
+               step_s_per_row=0.01)
+    assert res.makespan_s > 0 and all(0 <= f <= 1 for f in res.idle_fraction)
+    assert all(b <= res.makespan_s + 1e-9 for b in res.busy_s)
+    assert all(p <= 46 + 1e-6 for p in res.peak_pages)
+    if policy.reserve_ratio_min == 1.0:  # worst-case reservation: an overflow is impossible
+        assert res.preemptions == 0
+    if policy.policy == "static":  # everything handed over at once: this pool overflows
+        assert res.preemptions > 0 and res.recomputed_tokens > 0
+
+
+def test_rejects_bad_inputs():
+    with pytest.raises(ValueError, match="policy"):
+        SimPolicy(policy="greedy")
+    with pytest.raises(ValueError, match="tool_s"):
+        SimTrajectory((1, 2))
+    with pytest.raises(ValueError, match="num_slots"):
+        _engine(num_slots=0)
+    with pytest.raises(ValueError, match="never fits"):
+        _run([SimGroup(8, (SimTrajectory((1,)),))], budget=64, usable_pages=4)
