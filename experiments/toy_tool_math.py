@@ -31,7 +31,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from rstar2_jax.config import ModelConfig  # noqa: E402
 from rstar2_jax.data.chat import render_records  # noqa: E402
-from rstar2_jax.data.sft_traces import TraceConfig, build_traces  # noqa: E402
+from rstar2_jax.data.sft_traces import TraceConfig, build_traces, copy_drills  # noqa: E402
 from rstar2_jax.data.toy import make_splits  # noqa: E402
 from rstar2_jax.eval import EvalConfig, evaluate  # noqa: E402
 from rstar2_jax.eval.load_policy import toy_model_config  # noqa: E402
@@ -60,7 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--roc-mode", default="paper", help=f"one of {ROC_MODES}")
     ap.add_argument("--sft-traces", type=int, default=800, help="SFT traces (from train problems)")
     ap.add_argument("--sft-epochs", type=float, default=2.0)
-    ap.add_argument("--sft-lr", type=float, default=3e-3)
+    ap.add_argument("--sft-lr", type=float, default=5e-3)
+    ap.add_argument("--copy-drills", type=int, default=2000,
+                    help="short echo records mixed into SFT so the tiny policy forms a copy circuit quickly")
     ap.add_argument("--sft-batch", type=int, default=6, help="packed rows per SFT step")
     ap.add_argument("--sft-seq-len", type=int, default=640, help="packed row length (attention cost grows with it)")
     ap.add_argument("--rl-steps", type=int, default=30)
@@ -93,7 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "hidden", "layers", "sandbox_workers", "ckpt_every", "ckpt_every_sft", "sft_batch", "sft_seq_len"):
         if getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("rl_steps",):
+    for name in ("rl_steps", "copy_drills"):
         if getattr(args, name) < 0:
             errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("sft_epochs", "sft_lr", "rl_lr"):
@@ -121,7 +123,8 @@ def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, to
 
 
 def _sft_key(args: argparse.Namespace) -> str:
-    keys = ("seed", "sft_traces", "sft_epochs", "sft_lr", "sft_batch", "sft_seq_len", "hidden", "layers", "exec_time")
+    keys = ("seed", "sft_traces", "copy_drills", "sft_epochs", "sft_lr", "sft_batch", "sft_seq_len", "hidden",
+            "layers", "exec_time")
     return "sft_" + "_".join(f"{k}={getattr(args, k)}" for k in keys)
 
 
@@ -187,9 +190,9 @@ def main(argv: list[str] | None = None) -> dict:
         reward_fn = RewardFn(pool=pool).batch
         t = time.perf_counter()
         traces = build_traces(sft_problems, pool=pool, cfg=TraceConfig(), template_cfg=tpl, seed=args.seed)
-        examples = render_records(traces, tok, tpl)
+        examples = render_records(traces + copy_drills(args.copy_drills, seed=args.seed), tok, tpl)
         timings["traces_s"] = time.perf_counter() - t
-        max_seq_len = max(len(e[0]) for e in examples) + args.budget
+        max_seq_len = max(len(e[0]) for e in examples) + args.budget + 64
 
         # ---- SFT ---------------------------------------------------------------------------------
         t = time.perf_counter()

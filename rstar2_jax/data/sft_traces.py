@@ -181,3 +181,22 @@ def build_traces(problems: Sequence[ToyProblem], *, pool: SandboxPool, cfg: Trac
     results = _run(pool, codes) if codes else []
     return [_assemble(plan, results[g] if g is not None else None, results[b] if b is not None else None, cfg,
                       template_cfg) for plan, (g, b) in zip(plans, where)]
+
+
+def copy_drills(n: int, *, seed: int = 0, digits: tuple[int, int] = (2, 9)) -> list[dict[str, Any]]:
+    """Short echo records ("Repeat 48213." -> ``\\boxed{48213}``) in the same chat format.
+
+    A tiny policy trained from scratch needs a copy circuit (problem numbers into code, tool stdout
+    into the box) that sparse copy tokens in full traces form only slowly; dense drills form it in a
+    few hundred steps. They teach copying, not math: answers are the user's own digits.
+    """
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        d = rng.randint(*digits)
+        value = str(rng.randint(10 ** (d - 1), 10 ** d - 1))
+        ask = rng.choice(("Repeat {v}.", "Copy {v}.", "Echo {v}.", "stdout: {v}"))
+        out.append({"id": f"drill-{seed}-{i}", "messages": [
+            {"role": "user", "content": ask.format(v=value)},
+            _final("Done.", value)], "meta": {"variant": "copy_drill"}})
+    return out

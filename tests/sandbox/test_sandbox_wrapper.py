@@ -59,12 +59,15 @@ def _run(code: str, capsys) -> tuple[str, str, int]:
     import sys
     import types
 
-    saved = sys.modules["__main__"]
+    saved, saved_finish = sys.modules["__main__"], wrapper._finish
     sys.modules["__main__"] = types.ModuleType("__main__")
+    # execute() ends like an interpreter exit (atexit handlers, thread joins): in a sandbox child that
+    # is right, in this pytest process it would run everyone's atexit handlers (and close stderr)
+    wrapper._finish = lambda: (sys.stdout.flush(), sys.stderr.flush())
     try:
         status = wrapper.execute(code, True)
     finally:
-        sys.modules["__main__"] = saved
+        sys.modules["__main__"], wrapper._finish = saved, saved_finish
     out, err = capsys.readouterr()
     return out, err, status
 
