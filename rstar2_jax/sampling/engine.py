@@ -522,6 +522,10 @@ class PagedEngine:
     def _fork(self, template: _Seq) -> None:
         pt = self.page_table
         children = template.children
+        # copy-on-write of a partial last page needs one fresh page per child: make room first
+        need = len(children) if pt.length(template.id) % pt.page_size else 0
+        while pt.free_pages() < need and self._preempt_newest(exclude=template):
+            pass
         copies = pt.fork(template.id, [c.id for c in children])
         if copies:
             n = 1 << (len(copies) - 1).bit_length()  # pad to a power of two: few compilations

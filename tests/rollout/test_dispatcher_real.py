@@ -104,9 +104,6 @@ def test_static_rollout_completes_when_each_share_fits(policy, pool):
     assert all(len(tl) > 0 for tl in res.timeline)
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason="PagedEngine._fork raises OutOfPages (uncaught, inside step) when a group's "
-                          "partial-page copies do not fit; static hands each engine its whole share at once")
 def test_static_rollout_completes_on_the_oversubscribed_workload(policy, pool):
     res, engines = _rollout(policy, pool, "static")
     _assert_clean(res, engines)
