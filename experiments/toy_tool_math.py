@@ -58,15 +58,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/toy_tool_math")
     ap.add_argument("--roc-mode", default="paper", help=f"one of {ROC_MODES}")
-    ap.add_argument("--sft-traces", type=int, default=800, help="SFT traces (from train problems)")
-    ap.add_argument("--sft-epochs", type=float, default=2.0)
+    ap.add_argument("--sft-traces", type=int, default=1500, help="SFT traces (from train problems)")
+    ap.add_argument("--sft-epochs", type=float, default=4.0)
     ap.add_argument("--sft-lr", type=float, default=5e-3)
-    ap.add_argument("--copy-drills", type=int, default=2000,
+    ap.add_argument("--copy-drills", type=int, default=6000,
                     help="short echo records mixed into SFT so the tiny policy forms a copy circuit quickly")
     ap.add_argument("--sft-batch", type=int, default=6, help="packed rows per SFT step")
     ap.add_argument("--sft-seq-len", type=int, default=640, help="packed row length (attention cost grows with it)")
-    ap.add_argument("--rl-steps", type=int, default=30)
-    ap.add_argument("--problems-per-step", type=int, default=16)
+    ap.add_argument("--rl-steps", type=int, default=20)
+    ap.add_argument("--problems-per-step", type=int, default=8)
     ap.add_argument("--group", type=int, default=4, help="G kept per problem (2G sampled)")
     ap.add_argument("--rl-lr", type=float, default=3e-4)
     ap.add_argument("--budget", type=int, default=400, help="response tokens per trajectory, tools included")
@@ -74,15 +74,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--n-eval", type=int, default=200, help="held-out problems")
     ap.add_argument("--engines", type=int, default=2)
     ap.add_argument("--slots", type=int, default=32, help="decode slots per engine")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sandbox-workers", type=int, default=2)
     ap.add_argument("--sft-cache", default=None,
                     help="directory: reuse an SFT policy saved there with the same settings, else train and save it")
     ap.add_argument("--old-logp", default="sampler", choices=("sampler", "recompute"),
                     help="pi_old: the sampler's log-probs (same weights; saves a forward) or a trainer recompute")
-    ap.add_argument("--exec-time", type=int, default=1, choices=(0, 1),
-                    help="1: tool responses report execution time (as rStar2); 0: reproducible tool text")
+    ap.add_argument("--exec-time", type=int, default=0, choices=(0, 1),
+                    help="1: tool responses report execution time (as rStar2's full template); "
+                         "0 (toy default): reproducible tool text, so --resume reproduces a run exactly")
     ap.add_argument("--ckpt-every", type=int, default=5, help="RL steps between checkpoints")
     ap.add_argument("--ckpt-every-sft", type=int, default=20, help="SFT steps between checkpoints")
     ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")

@@ -30,8 +30,8 @@ EVAL_EVERY = 5
 PROBLEMS_PER_STEP = 8
 GROUP = 4  # G kept of 2G sampled
 N_EVAL = 200
-SFT_TRACES = 600
-SFT_EPOCHS = 3.0
+SFT_TRACES = 1500
+SFT_EPOCHS = 4.0
 OUT = "../runs/roc_ablation"
 EXTRA_ARGS: list = []  # e.g. ["--hidden", "64"] for a quick smoke run
 
