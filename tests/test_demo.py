@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import toy_tool_math  # noqa: E402
 
-TINY = ["--sft-traces", "16", "--sft-epochs", "40", "--sft-lr", "1e-2", "--sft-batch", "4", "--hidden", "32",
+TINY = ["--sft-traces", "16", "--copy-drills", "16", "--sft-epochs", "30", "--sft-lr", "1e-2", "--sft-batch", "4", "--hidden", "32",
         "--layers", "1", "--rl-steps", "2", "--problems-per-step", "2", "--group", "2", "--n-eval", "4",
         "--eval-every", "1", "--budget", "200", "--slots", "8", "--sandbox-workers", "1", "--no-progress"]
 STEP_KEYS = ("reward", "tool_calls_per_traj", "tool_calls_executed", "response_len", "truncation_rate",
@@ -72,7 +72,7 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path):
     deadline = time.time() + 600
     # SIGKILL once the run is inside RL (a checkpoint past RL step 1 exists)
     while time.time() < deadline and killed.poll() is None:
-        steps = [int(p.name) for p in ckpt.glob("[0-9]*")] if ckpt.exists() else []
+        steps = [int(p.name) for p in ckpt.iterdir() if p.name.isdigit()] if ckpt.exists() else []
         if any(s > toy_tool_math.RL_CKPT_BASE + 1 for s in steps):
             killed.send_signal(signal.SIGKILL)
             break

@@ -10,7 +10,8 @@ from nbclient import NotebookClient
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(SEEDS=[0], MODES=["none", "paper", "deterministic"], RL_STEPS=1, EVAL_EVERY=1, PROBLEMS_PER_STEP=2,
             GROUP=2, N_EVAL=4, SFT_TRACES=8, SFT_EPOCHS=1.0,
-            EXTRA_ARGS=["--hidden", "32", "--layers", "1", "--budget", "160", "--slots", "8", "--sandbox-workers", "1"])
+            EXTRA_ARGS=["--hidden", "32", "--layers", "1", "--budget", "160", "--slots", "8", "--sandbox-workers", "1",
+                        "--copy-drills", "8"])
 
 
 def inject_parameters(nb: nbformat.NotebookNode, params: dict) -> None:
