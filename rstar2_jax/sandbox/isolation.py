@@ -190,6 +190,11 @@ def expose_python(paths: list[str]) -> tuple[str, ...]:
     return tuple(covered)
 
 
+def _package_root() -> str:
+    """The directory holding the ``rstar2_jax`` package (a checkout or site-packages)."""
+    return os.path.realpath(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
 def stdlib_readable() -> bool:
     """Whether other users can reach the standard library (else: preload COMMON_STDLIB)."""
     return blocked_ancestor(os.path.realpath(os.path.dirname(os.__file__))) is None
@@ -208,7 +213,14 @@ def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> tuple[bool, bool
     except OSError:
         return False, False, ()
     private_tmp = True
+    # A venv or checkout living under /tmp (a CI clone, say) must stay visible, and must never be in a
+    # directory the per-call cleanup empties: such a dir keeps its shared mount (files the call's uid
+    # leaves there are scrubbed instead; see Executor._clean_files).
+    needed = python_paths() + [_package_root()]
     for path in WRITABLE_DIRS:
+        if any(p == path or p.startswith(path + "/") for p in needed):
+            private_tmp = False
+            continue
         if os.path.isdir(path) and not os.path.islink(path):
             try:
                 sc.mount("tmpfs", path, "tmpfs", sc.MS_NOSUID | sc.MS_NODEV,
