@@ -92,7 +92,10 @@ for ax, (key, title) in zip(axes, panels):
 axes[0].legend()
 fig.tight_layout()
 fig.savefig(out / "roc_ablation.png", dpi=110)
-plt.show()
+plt.close(fig)
+from IPython.display import Image, display  # noqa: E402
+
+display(Image(filename=str(out / "roc_ablation.png")))  # works under any matplotlib backend
 
 # %% [markdown]
 # ## Final numbers (mean ± std over seeds)
