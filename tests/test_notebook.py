@@ -15,7 +15,9 @@ TINY = dict(SEEDS=[0], MODES=["none", "paper", "deterministic"], RL_STEPS=1, EVA
 
 
 def inject_parameters(nb: nbformat.NotebookNode, params: dict) -> None:
-    """Insert an override cell after the cell tagged "parameters" (papermill's convention)."""
+    """Insert an override cell after the cell tagged "parameters" (papermill's convention), replacing the
+    override cell a committed run left there."""
+    nb.cells = [c for c in nb.cells if "injected-parameters" not in c.get("metadata", {}).get("tags", [])]
     idx = next(i for i, c in enumerate(nb.cells) if "parameters" in c.get("metadata", {}).get("tags", []))
     src = "\n".join(f"{k} = {json.dumps(v)}" for k, v in params.items())
     nb.cells.insert(idx + 1, nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]}))
