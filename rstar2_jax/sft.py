@@ -23,8 +23,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rstar2_jax.rl.config import OptimConfig, RLConfig
-from rstar2_jax.rl.train_step import (TrainState, batch_logprobs, init_train_state, make_optimizer, shard_batch,
-                                      split_micro, train_state_shardings)
+from rstar2_jax.rl.train_step import (TrainState, batch_logprobs, init_train_state, jit_state_update,
+                                      make_optimizer, shard_batch, split_micro)
 
 SFT_KEYS = ("tokens", "targets", "loss_mask", "positions", "segment_ids")
 
@@ -83,21 +83,11 @@ def sft_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.Gr
 def make_sft_step(graphdef: nnx.GraphDef, cfg: SFTConfig, *, mesh: Mesh | None = None, donate: bool = True
                   ) -> Callable[[TrainState, dict[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
     """``step(state, batch) -> (state, metrics)``, jitted (with the state's shardings under ``mesh``)."""
-    fn = functools.partial(sft_step, graphdef=graphdef, cfg=cfg)
-    compiled: dict[str, Callable] = {}
+    update = jit_state_update(functools.partial(sft_step, graphdef=graphdef, cfg=cfg), cfg.rl_view(),
+                              mesh=mesh, donate=donate)
 
     def step(state: TrainState, batch: dict[str, Any]):
-        batch = shard_batch({k: batch[k] for k in SFT_KEYS}, mesh)
-        if "fn" not in compiled:
-            kw = {}
-            if mesh is not None:
-                sh = train_state_shardings(state.params, cfg.rl_view(), mesh)
-                kw = dict(in_shardings=(sh, None), out_shardings=(sh, None))
-            compiled["fn"] = jax.jit(fn, donate_argnums=(0,) if donate else (), **kw)
-        if mesh is None:
-            return compiled["fn"](state, batch)
-        with jax.set_mesh(mesh):
-            return compiled["fn"](state, batch)
+        return update(state, shard_batch({k: batch[k] for k in SFT_KEYS}, mesh))
     return step
 
 

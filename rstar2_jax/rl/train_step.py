@@ -250,13 +250,25 @@ def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
     out shardings. ``donate=True`` donates the input state's buffers: do not reuse it after the call.
     """
     logprob_fn = make_logprob_fn(graphdef, cfg, mesh=mesh)
-    fn = functools.partial(train_step, graphdef=graphdef, cfg=cfg)
-    compiled: dict[str, Callable] = {}
+    update = jit_state_update(functools.partial(train_step, graphdef=graphdef, cfg=cfg), cfg, mesh=mesh,
+                              state_shardings=state_shardings, donate=donate)
 
     def step(state: TrainState, batch: Batch):
         _check_batch(batch, need_old=cfg.old_logp_source == "sampler")
         if cfg.old_logp_source == "recompute":
             batch = {**batch, "old_logp": logprob_fn(state.params, batch)}
+        return update(state, batch)
+    return step
+
+
+def jit_state_update(fn: Callable, cfg: RLConfig, *, mesh: Mesh | None = None,
+                     state_shardings: TrainState | None = None, donate: bool = True) -> Callable:
+    """``fn(state, batch) -> (state, metrics)`` jitted on first call, with the state's shardings
+    (default :func:`train_state_shardings` under ``mesh``) as in/out shardings, run under the mesh.
+    Shared by the GRPO-RoC step and the SFT step."""
+    compiled: dict[str, Callable] = {}
+
+    def call(state: TrainState, batch: Batch):
         if "fn" not in compiled:
             sh = state_shardings
             if mesh is not None and sh is None:
@@ -267,4 +279,4 @@ def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
             return compiled["fn"](state, batch)
         with jax.set_mesh(mesh):
             return compiled["fn"](state, batch)
-    return step
+    return call
