@@ -1,4 +1,5 @@
-"""One call, in a worker's init: fork a fresh child, feed stdin, drain output, enforce limits, kill the tree.
+"""One call, in a worker's init: hand the request to a fresh pre-forked child (``warm``), feed stdin, drain
+output, enforce limits, kill the tree; between calls, remove the call's files and fork the next child.
 
 The init is pid 1 of the worker's pid namespace when the OS allows: every process a call leaves behind
 (daemons, double forks, ``setsid``) is then its descendant, and ``kill(-1, SIGKILL)`` ends them all without
@@ -18,14 +19,11 @@ import struct
 import termios
 import time
 
-from . import wrapper
 from .isolation import WRITABLE_DIRS, Confinement
+from .warm import SETUP_FAILED, SETUP_MARK, WarmChild, request_frame
 
 _CHUNK = 1 << 16
-_SETUP_FAILED = 120  # exit status of a child whose confinement failed (it never ran user code)
-_SETUP_MARK = b"sandbox setup failed: "
 _MEMORY_LINE = re.compile(rb"^[\w.]*MemoryError\b")
-_MAX_FD = 1 << 20
 _QUIET_BYTES = 1 << 14  # a pipe (64 KiB at least) this full: drain it while the call runs
 _ZERO = bytes(4)
 _IN, _HUP = select.POLLIN | select.POLLPRI, select.POLLHUP | select.POLLERR | select.POLLNVAL
@@ -78,50 +76,70 @@ class Executor:
         self.scrub_uid = scrub_uid  # without private tmpfs: remove files this uid left in WRITABLE_DIRS
         self.owner = confinement.ids
         self.poller = select.poll()
-        self.devnull = os.open(os.devnull, os.O_RDONLY)  # stdin of a call given none: EOF at once
         self.quiet = select.poll()
         try:  # our children, zombies included: an empty read means no call process is left
             self.children = os.open(f"/proc/self/task/{os.getpid()}/children", os.O_RDONLY)
         except OSError:
             self.children = None
         self._fresh_workdir()
+        self.dirty = False  # the work dir is fresh and no call ran yet
+        self.warm: WarmChild | None = None
+
+    # ---------------------------------------------------------------- between calls
+    def prepare(self) -> None:
+        """Off the latency path (after a result is sent, and at start): remove the last call's files, then
+        fork the next call's warm child. A failed fork is retried by ``run``; other errors propagate."""
+        if self.dirty:
+            self._clean_files()
+            self.dirty = False
+        if self.warm is None:
+            try:
+                self.warm = WarmChild(self.confinement, self.workdir, self.pid_ns)
+            except OSError:  # e.g. ENOMEM: run() tries again and reports it
+                pass
+
+    def close(self) -> None:
+        """Kill and reap the unused warm child (when the init exits)."""
+        if self.warm is not None:
+            self.warm.discard(self.pid_ns)
+            self.warm = None
+
+    def _take_warm(self) -> WarmChild | None:
+        """The warm child for this call (never used again); a fresh one if it died while waiting."""
+        if self.warm is not None and self.warm.dead():  # killed while idle: its exit says nothing of the call
+            self.close()
+        if self.warm is None or self.dirty:
+            self.prepare()
+        warm, self.warm = self.warm, None
+        return warm
 
     # ---------------------------------------------------------------- one call
     def run(self, code: str, stdin: bytes, wrap: bool, wall_s: float, cpu_s: float) -> tuple:
         """Returns (status, stdout bytes, stderr bytes, exit_code, duration_s, truncated)."""
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        if stdin:
-            in_r, in_w = os.pipe()
-        else:
-            in_r, in_w = self.devnull, -1
-        t0 = time.monotonic()
+        warm = self._take_warm()
+        if warm is None:
+            return "sandbox_error", b"", b"fork failed", None, 0.0, False
+        self.dirty = True
+        pending = request_frame(code, wrap, cpu_s, stdin)
+        pid, pidfd, in_w = warm.pid, warm.pidfd, warm.in_w
+        t0 = time.monotonic()  # the call's clocks start with the hand-over
         try:
-            pid = os.fork()
-        except OSError as exc:  # e.g. ENOMEM: this call fails, the worker stays
-            for fd in {out_r, out_w, err_r, err_w, in_r, in_w} - {self.devnull, -1}:
-                os.close(fd)
-            return "sandbox_error", b"", f"fork failed: {exc}".encode(), None, 0.0, False
-        if pid == 0:  # the call's process: never returns
-            self._child(in_r, out_w, err_w, code, wrap, cpu_s)
-        os.close(out_w)
-        os.close(err_w)
-        if in_w >= 0:
-            os.close(in_r)
-            os.set_blocking(in_w, False)
-        try:
-            pidfd = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            pidfd = None
+            pending = pending[os.write(in_w, pending):]  # the pipe is empty: usually all of it at once
+        except BlockingIOError:
+            pass
+        except OSError:  # the child is gone (its exit status tells why)
+            pending = pending[:0]
+        if not pending:
+            os.close(in_w)
+            in_w = -1
+        warm.in_w = -1  # closed here or by _drain
         out, err = bytearray(), bytearray()
-        bufs = {out_r: out, err_r: err}
-        os.set_blocking(out_r, False)
-        os.set_blocking(err_r, False)
+        bufs = {warm.out_r: out, warm.err_r: err}
         reason = "drain"
         if pidfd is not None and in_w < 0:  # the usual small call: sleep until it ends
             reason, exited = self._wait_quiet(pid, pidfd, bufs, t0 + wall_s)
         if reason == "drain":  # stdin to feed, or much output: read while it runs
-            reason, exited = self._drain(pid, pidfd, in_w, memoryview(stdin), bufs, t0 + wall_s)
+            reason, exited = self._drain(pid, pidfd, in_w, pending, bufs, t0 + wall_s)
         if exited is None:  # still running: timeout or too much output
             self._kill_all(pid)
             _, status, rusage = os.wait4(pid, 0)
@@ -132,10 +150,7 @@ class Executor:
         for fd, buf in bufs.items():  # every writer is dead now: read what is left
             if self._read_some(fd, buf, until_eof=True)[0] and reason is None:
                 reason = "output"
-            os.close(fd)
-        if pidfd is not None:
-            os.close(pidfd)
-        self._clean_files()
+        warm.close_fds()
         exit_code = os.waitstatus_to_exitcode(status)
         truncated = len(out) > self.cap or len(err) > self.cap
         if truncated:
@@ -144,25 +159,6 @@ class Executor:
         if result_status == "sandbox_error":
             exit_code = None
         return result_status, bytes(out), bytes(err), exit_code, duration, truncated
-
-    def _child(self, in_r: int, out_w: int, err_w: int, code: str, wrap: bool, cpu_s: float) -> None:
-        status = _SETUP_FAILED
-        try:
-            os.dup2(in_r, 0)
-            os.dup2(out_w, 1)
-            os.dup2(err_w, 2)
-            os.closerange(3, _MAX_FD)
-            try:
-                if not self.pid_ns:
-                    os.setpgid(0, 0)
-                self.confinement.apply(cpu_s)
-                os.chdir(self.workdir)
-            except BaseException as exc:  # noqa: BLE001 - never run user code half-confined
-                os.write(2, _SETUP_MARK + repr(exc).encode())
-                os._exit(_SETUP_FAILED)
-            status = wrapper.execute(code, wrap)
-        finally:
-            os._exit(status)
 
     def _wait_quiet(self, pid, pidfd, bufs, deadline):
         """Sleep on the child's pidfd, touching nothing meanwhile (no copy-on-write of the pages it shares
@@ -316,20 +312,13 @@ class Executor:
             os.chown(self.workdir, *self.owner)
 
     def _clean_files(self) -> None:
-        """Remove what the call wrote: its work dir and anything in the (private or shared) temp dirs."""
+        """Remove what the call wrote: its work dir and, in the temp dirs, everything (private tmpfs) or what
+        the calls' uid owns (shared temp dirs)."""
         try:
             os.rmdir(self.workdir)
         except OSError:
             shutil.rmtree(self.workdir, ignore_errors=True)
-        if self.private_tmp:
-            for base in WRITABLE_DIRS:
-                try:
-                    entries = list(os.scandir(base))
-                except OSError:
-                    continue
-                for entry in entries:
-                    _remove(entry.path)
-        elif self.scrub_uid is not None:
+        if self.private_tmp or self.scrub_uid is not None:
             for base in WRITABLE_DIRS:
                 try:
                     entries = list(os.scandir(base))
@@ -337,7 +326,7 @@ class Executor:
                     continue
                 for entry in entries:
                     try:
-                        if entry.stat(follow_symlinks=False).st_uid == self.scrub_uid:
+                        if self.private_tmp or entry.stat(follow_symlinks=False).st_uid == self.scrub_uid:
                             _remove(entry.path)
                     except OSError:
                         pass
@@ -351,7 +340,7 @@ class Executor:
             return "output_limit"
         if exit_code == 0:
             return "ok"
-        if exit_code == _SETUP_FAILED and err.startswith(_SETUP_MARK):
+        if exit_code == SETUP_FAILED and err.startswith(SETUP_MARK):
             return "sandbox_error"
         if exit_code == -signal.SIGXCPU:  # RLIMIT_CPU's soft limit (nothing else sends it)
             return "timeout"

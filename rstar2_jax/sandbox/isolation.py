@@ -7,9 +7,11 @@ Layers, each used where the OS allows and reported in ``Isolation``:
   interface is up: no network), ipc (SysV IPC disabled), mount (private tmpfs on the world-writable
   directories, wiped after each call, a /proc that shows only the namespace, and ``expose_python``). As
   root the namespaces are created directly; otherwise inside a new user namespace.
-* per call, in the forked child: rlimits (address space, CPU, file size, processes, open files, no core
-  files), the uid/gid drop to ``SandboxLimits.user`` when running as root (capabilities dropped otherwise),
-  ``PR_SET_PDEATHSIG`` without a pid namespace; ``PR_SET_NO_NEW_PRIVS`` is set once in the init.
+* per call, in the forked child: rlimits (address space, file size, processes, open files, no core
+  files: set once in the init and inherited; CPU: per request), the uid/gid drop to ``SandboxLimits.user``
+  when running as root (capabilities dropped otherwise), ``PR_SET_PDEATHSIG`` without a pid namespace;
+  ``PR_SET_NO_NEW_PRIVS`` is set once in the init. All but the CPU limit are in place before the request
+  reaches the child (see ``warm``).
 """
 
 from __future__ import annotations
@@ -260,7 +262,7 @@ def resolve_user(limits: SandboxLimits) -> tuple[int, int] | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Confinement:
-    """Precomputed per-call confinement; ``apply`` runs in the forked child before the user's code.
+    """Precomputed per-call confinement; ``drop`` and ``limit_cpu`` run in the call's forked child.
 
     Kept to a few syscalls: every Python object a forked child touches costs a copy-on-write page fault.
     """
@@ -288,11 +290,8 @@ class Confinement:
             resource.setrlimit(res, (value, value))
         sc.prctl(sc.PR_SET_NO_NEW_PRIVS, 1)
 
-    def apply(self, cpu_s: float) -> None:
-        """In the call's child: the CPU limit, the uid drop and what the uid drop resets."""
-        setrlimit = resource.setrlimit
-        cpu = max(1, math.ceil(cpu_s))
-        setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # the kernel: SIGXCPU, then SIGKILL a second later
+    def drop(self) -> None:
+        """In a call's (warm) child before its request arrives: the uid drop and what the uid drop resets."""
         if self.ids is not None:
             uid, gid = self.ids
             os.setgroups([])
@@ -304,3 +303,11 @@ class Confinement:
             sc.prctl(sc.PR_SET_DUMPABLE, 1)
         if self.pdeathsig:  # after the uid change, which clears it
             sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+
+    def limit_cpu(self, cpu_s: float) -> None:
+        """In the call's child once its request is read: the CPU limit (lowering it needs no privilege)."""
+        cpu = max(1, math.ceil(cpu_s))
+        hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
+        hard = cpu + 1 if hard == resource.RLIM_INFINITY else min(cpu + 1, hard)
+        # the kernel: SIGXCPU at the soft limit, then SIGKILL at the hard one a second later
+        resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, hard), hard))

@@ -3,7 +3,8 @@
 ``serve`` runs in a process spawned by the pool (the parent may be multithreaded, e.g. with JAX loaded, so
 it is never forked). It enters new namespaces once, forks, and the child execs a fresh interpreter with an
 empty environment: the init (pid 1 of the namespaces). The init imports the preload modules, sets up the
-private mounts and then serves calls over the pool's pipe, each in a fresh fork (``executor``).
+private mounts and then serves calls over the pool's pipe, each in a fresh fork (``executor``) made ready
+before its request arrives (``warm``).
 Nothing of the parent's memory or environment reaches the init or the calls.
 
 Wire format on the pipe: ``multiprocess.connection`` framing (4-byte big-endian length) of ``marshal``
@@ -174,6 +175,7 @@ def init_main(fd: int, flags: str) -> None:
     wrapper.split_last_expression("x = 1\nx")
     gc.collect()
     gc.freeze()  # forked calls never traverse (and so never copy) the preloaded objects
+    executor.prepare()  # the first call's warm child
     send(fd, ("ready", {"isolation": dataclasses.asdict(info), "host_pid": host_pid, "workdir": workdir}))
     status = 0
     while True:
@@ -191,6 +193,11 @@ def init_main(fd: int, flags: str) -> None:
             status = 1
             break
         send(fd, ("result", *result))
+        try:
+            executor.prepare()  # clean up and fork the next call's child while the pool reads the result
+        except Exception:  # noqa: BLE001 - run() retries it and reports a failure as fatal
+            pass
+    executor.close()
     if base is not None:
         import shutil
 

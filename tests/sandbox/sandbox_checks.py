@@ -6,9 +6,11 @@ import os
 import pwd
 
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxLimits, SandboxPool
+from rstar2_jax.sandbox.worker import _BOOT
 
 SECRET_NAME, SECRET_VALUE = "RSTAR2_SANDBOX_TEST_SECRET", "s3cr3t-hunter2-value"
 os.environ[SECRET_NAME] = SECRET_VALUE  # set in the parent before any pool exists
+_BOOT_CMD = f" -I -c {_BOOT[:30]}"  # in the command line of a worker's init (and of its warm child)
 FAST = SandboxLimits(wall_s=1.0, cpu_s=1.0, output_bytes=64 * 1024)
 
 
@@ -46,14 +48,29 @@ def _below(table: dict[int, tuple[int, int, str]], roots: set[int]) -> set[int]:
     return found
 
 
+def warm_children(table: dict[int, tuple[int, int, str]] | None = None) -> dict[int, int]:
+    """init pid -> pid of its warm child (the next call's process, waiting), for every sandbox init on the
+    machine (any pool's) that has one: its only child, with no children of its own (a zombie where a call
+    without a pid namespace killed it: the init replaces it before its next call)."""
+    table = _processes() if table is None else table
+    boot = lambda pid: pid in table and _BOOT_CMD in table[pid][2]  # noqa: E731
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    inits = [pid for pid in table if boot(pid) and not boot(table[pid][0])]
+    return {init: kids[init][0] for init in inits
+            if len(kids.get(init, [])) == 1 and not kids.get(kids[init][0])}
+
+
 def strays(pool: SandboxPool) -> list[str]:
-    """Processes a call left behind: anything under the pool's workers except their inits, and any
-    process of the sandbox uid under this test process."""
+    """Processes a call left behind: anything under the pool's workers except their inits and each init's
+    warm child, and any process of the sandbox uid under this test process except (any pool's) warm children."""
     table = _processes()
     workers = set(pool.worker_pids())
-    out = {pid: "below a worker" for pid in _below(table, workers) - workers}
+    warm = set(warm_children(table).values())
+    out = {pid: "below a worker" for pid in _below(table, workers) - workers - warm}
     uid = _nobody_uid()
-    for pid in _below(table, {os.getpid()}):
+    for pid in _below(table, {os.getpid()}) - warm:
         if pid in table and table[pid][1] == uid:
             out[pid] = "owned by nobody"
     return [f"{pid} ({why}): {table[pid][2]}" for pid, why in out.items() if pid in table]
@@ -61,10 +78,10 @@ def strays(pool: SandboxPool) -> list[str]:
 
 def check_healthy(pool: SandboxPool) -> None:
     """The pool answers a normal call correctly and no call process survived."""
-    assert strays(pool) == []
+    assert (found := strays(pool)) == [], found
     result = pool.run(CodeRequest(code="print(6 * 7)"))
     assert (result.status, result.stdout) == ("ok", "42\n"), result
-    assert strays(pool) == []
+    assert (found := strays(pool)) == [], found
 
 
 def run_checked(pool: SandboxPool, code: str, **kw) -> CodeResult:
