@@ -69,6 +69,37 @@ def prctl(option: int, arg: int = 0) -> None:
         _check(-1, f"prctl({option})")
 
 
+MADV_HUGEPAGE = 14
+MADV_COLLAPSE = 25  # Linux 6.1+
+_HUGE = 2 << 20
+
+
+def huge_pages() -> int:
+    """Back this process's large anonymous mappings with transparent huge pages (best effort).
+
+    ``fork`` copies one page-table entry per 4 KiB page of anonymous memory, and the child's exit tears
+    them down: with the preloaded heap on 2 MiB pages both cost about half (measured: numpy + sympy).
+    A later write to a page shared with a child splits only that 2 MiB mapping. Returns how many huge
+    pages were made now (0 where the kernel lacks ``MADV_COLLAPSE`` or THP is off).
+    """
+    if _libc is None:
+        return 0
+    madvise = _libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    made = 0
+    with open("/proc/self/maps") as f:
+        regions = [line.split() for line in f]
+    for fields in regions:
+        if not fields[1].startswith("rw") or (len(fields) > 5 and fields[5] != "[heap]"):
+            continue  # private anonymous memory and the brk heap only
+        lo, hi = (int(x, 16) for x in fields[0].split("-"))
+        start, end = (lo + _HUGE - 1) & ~(_HUGE - 1), hi & ~(_HUGE - 1)
+        if end > start and madvise(start, end - start, MADV_HUGEPAGE) == 0:
+            if madvise(start, end - start, MADV_COLLAPSE) == 0:
+                made += (end - start) // _HUGE
+    return made
+
+
 class _CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 

@@ -175,6 +175,9 @@ def init_main(fd: int, flags: str) -> None:
     wrapper.split_last_expression("x = 1\nx")
     gc.collect()
     gc.freeze()  # forked calls never traverse (and so never copy) the preloaded objects
+    from . import syscalls
+
+    syscalls.huge_pages()  # after the preload and warm-up: cheaper fork and exit of every call
     executor.prepare()  # the first call's warm child
     send(fd, ("ready", {"isolation": dataclasses.asdict(info), "host_pid": host_pid, "workdir": workdir}))
     status = 0
