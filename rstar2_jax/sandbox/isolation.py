@@ -262,7 +262,7 @@ def resolve_user(limits: SandboxLimits) -> tuple[int, int] | None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Confinement:
-    """Precomputed per-call confinement; ``drop`` and ``limit_cpu`` run in the call's forked child.
+    """Precomputed per-call confinement; ``drop`` and ``arm`` run in the call's forked child.
 
     Kept to a few syscalls: every Python object a forked child touches costs a copy-on-write page fault.
     """
@@ -291,7 +291,10 @@ class Confinement:
         sc.prctl(sc.PR_SET_NO_NEW_PRIVS, 1)
 
     def drop(self) -> None:
-        """In a call's (warm) child before its request arrives: the uid drop and what the uid drop resets."""
+        """In a call's (warm) child before its request arrives: the uid drop and what the uid drop resets.
+
+        The child stays non-dumpable (its /proc files root-owned) until ``arm``: no process outside the
+        pid namespace that shares the uid can open its fds while it waits."""
         if self.ids is not None:
             uid, gid = self.ids
             os.setgroups([])
@@ -299,15 +302,16 @@ class Confinement:
             os.setresuid(uid, uid, uid)
         elif self.drop_caps:
             sc.drop_capabilities()
-        if self.dumpable:  # the uid change made /proc/self root-owned; nothing outside the pid ns sees us
-            sc.prctl(sc.PR_SET_DUMPABLE, 1)
         if self.pdeathsig:  # after the uid change, which clears it
             sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
 
-    def limit_cpu(self, cpu_s: float) -> None:
-        """In the call's child once its request is read: the CPU limit (lowering it needs no privilege)."""
+    def arm(self, cpu_s: float) -> None:
+        """In the call's child once its request is read: the CPU limit (lowering it needs no privilege),
+        and dumpable again where only the pid namespace sees it (the user's code may read /proc/self)."""
         cpu = max(1, math.ceil(cpu_s))
         hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
         hard = cpu + 1 if hard == resource.RLIM_INFINITY else min(cpu + 1, hard)
         # the kernel: SIGXCPU at the soft limit, then SIGKILL at the hard one a second later
         resource.setrlimit(resource.RLIMIT_CPU, (min(cpu, hard), hard))
+        if self.dumpable:
+            sc.prctl(sc.PR_SET_DUMPABLE, 1)

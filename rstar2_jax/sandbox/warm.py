@@ -5,8 +5,9 @@ init forks the next call's process. Before the request exists it does everything
 it: stdio on fresh pipes, every other fd closed, its own process group (without a pid namespace), the uid
 drop (``Confinement.drop``), ``chdir`` to the fresh work dir. Then it blocks reading its stdin pipe, where
 the init writes one frame (4-byte big-endian length, ``marshal`` of ``(code, wrap, cpu_s)``) followed by
-the call's stdin. The child reads exactly the frame, sets the request's CPU limit and runs the code; the
-rest of the pipe is the code's stdin. The init starts the call's wall clock when it writes the frame.
+the call's stdin. The child reads exactly the frame, sets the request's CPU limit (``Confinement.arm``)
+and runs the code; the rest of the pipe is the code's stdin. The init starts the call's wall clock when it
+writes the frame.
 
 A warm child serves exactly one request (it becomes that call's process and is reaped with it); one that
 is never used is killed (``WarmChild.discard``) when the init exits.
@@ -131,7 +132,7 @@ def _child(in_r: int, out_w: int, err_w: int, confinement: Confinement, workdir:
             os._exit(0)
         code, wrap, cpu_s = marshal.loads(data)
         try:
-            confinement.limit_cpu(cpu_s)
+            confinement.arm(cpu_s)
         except BaseException as exc:  # noqa: BLE001
             os.write(2, SETUP_MARK + repr(exc).encode())
             os._exit(SETUP_FAILED)

@@ -79,6 +79,7 @@ def test_warm_child_is_confined_before_its_request(ns_pool):
         assert _status_uid(pid) == ns_pool.isolation.uid  # dropped to nobody while it waits
         with open(f"/proc/{pid}/status") as f:
             assert next(line for line in f if line.startswith("NoNewPrivs:")).split()[1] == "1"
+        assert os.stat(f"/proc/{pid}/fd").st_uid == 0  # not dumpable while it waits: its fds are out of reach
         assert os.readlink(f"/proc/{pid}/cwd").endswith("/work")
         assert sorted(os.listdir(f"/proc/{pid}/fd")) == ["0", "1", "2"]
 
