@@ -16,7 +16,10 @@ Ends with exactly one line::
 speedup = pool calls/s / naive calls/s; floor_ratio = floor calls/s / pool calls/s (trivial code).
 Also reported: CPU time per call of every process involved (pool: this process, the workers and their
 calls; floor: the forking processes and their children), which a busy machine distorts less than calls/s.
-The pool's workers warm sympy once (``SandboxLimits.warmup``); the floor, by definition, does not.
+The pool's workers warm sympy once (``SandboxLimits.warmup``) and put their preloaded heap on transparent
+huge pages (cheaper fork and exit); the floor, by definition, does neither. Each pool call runs in a child
+forked before its request arrived (``rstar2_jax.sandbox.warm``), so the fork is off its latency but not off
+its CPU time. ``--quick`` for a short smoke run.
 """
 
 from __future__ import annotations
@@ -167,6 +170,10 @@ def summary(runs: list[Run]) -> tuple[float, float, float, float]:
     return statistics.median(r.cps for r in runs), pct(0.50), pct(0.99), cpu
 
 
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="interleaved pool/floor rounds")
@@ -175,11 +182,16 @@ def main() -> None:
     ap.add_argument("--naive-calls", type=int, default=60, help="trivial naive calls per client")
     ap.add_argument("--naive-sympy-calls", type=int, default=6, help="sympy naive calls per client")
     ap.add_argument("--concurrency", type=int, default=os.cpu_count() or 1, help="calls in flight (cores)")
+    ap.add_argument("--quick", action="store_true", help="a short run (2 rounds, fewer calls): a smoke test")
     args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.calls, args.sympy_calls, args.naive_calls, args.naive_sympy_calls = 2, 200, 60, 20, 3
     from rstar2_jax.sandbox import CodeRequest, SandboxPool
 
     c = args.concurrency
-    print(f"bench_sandbox: {c} in flight, {args.rounds} rounds, python {sys.version.split()[0]}", flush=True)
+    load0 = _load()
+    print(f"bench_sandbox: {c} in flight, {args.rounds} rounds, python {sys.version.split()[0]}, load average "
+          f"{load0}", flush=True)
     results: dict[str, list[Run]] = {k: [] for k in ("naive trivial", "naive sympy", "floor trivial",
                                                       "floor sympy", "pool trivial", "pool sympy")}
     results["naive trivial"].append(naive(TRIVIAL, c, args.naive_calls))
@@ -203,10 +215,13 @@ def main() -> None:
     speedup_trivial = table["pool trivial"][0] / table["naive trivial"][0]
     floor_ratio = table["floor trivial"][0] / table["pool trivial"][0]
     speedup_sympy = table["pool sympy"][0] / table["naive sympy"][0]
-    print(f"pool trivial p50 {table['pool trivial'][1]:.2f} ms (target < 5); CPU per call pool/floor: trivial "
-          f"{table['pool trivial'][3] / table['floor trivial'][3]:.2f}, sympy "
-          f"{table['pool sympy'][3] / table['floor sympy'][3]:.2f} (load-independent; calls/s on a busy machine "
-          f"also depends on how the scheduler shares the cores)")
+    for label in ("trivial", "sympy"):
+        pool_t, floor_t = table[f"pool {label}"], table[f"floor {label}"]
+        target = " (target p50 < 5 ms)" if label == "trivial" else ""
+        print(f"{label}: pool p50 {pool_t[1]:.2f} ms, p99 {pool_t[2]:.2f} ms{target}; floor p50 {floor_t[1]:.2f} ms, "
+              f"p99 {floor_t[2]:.2f} ms; CPU per call pool/floor {pool_t[3] / floor_t[3]:.2f}")
+    print(f"load average (1, 5, 15 min) at start {load0}, at end {_load()} on {os.cpu_count()} cores (CPU per call "
+          f"is the least load-dependent figure; calls/s and latency on a busy machine also depend on the scheduler)")
     print(f"bench_sandbox: speedup_trivial = {speedup_trivial:.1f} (target >= 3), floor_ratio = {floor_ratio:.2f} "
           f"(target <= 1.5), speedup_sympy = {speedup_sympy:.1f} (target >= 50)")
 
