@@ -84,6 +84,7 @@ class Executor:
         self._fresh_workdir()
         self.dirty = False  # the work dir is fresh and no call ran yet
         self.warm: WarmChild | None = None
+        self.fork_error = ""
 
     # ---------------------------------------------------------------- between calls
     def prepare(self) -> None:
@@ -95,8 +96,8 @@ class Executor:
         if self.warm is None:
             try:
                 self.warm = WarmChild(self.confinement, self.workdir, self.pid_ns)
-            except OSError:  # e.g. ENOMEM: run() tries again and reports it
-                pass
+            except OSError as exc:  # e.g. ENOMEM: run() tries again and reports it
+                self.fork_error = f"fork failed: {exc}"
 
     def close(self) -> None:
         """Kill and reap the unused warm child (when the init exits)."""
@@ -118,7 +119,7 @@ class Executor:
         """Returns (status, stdout bytes, stderr bytes, exit_code, duration_s, truncated)."""
         warm = self._take_warm()
         if warm is None:
-            return "sandbox_error", b"", b"fork failed", None, 0.0, False
+            return "sandbox_error", b"", self.fork_error.encode(), None, 0.0, False
         self.dirty = True
         pending = request_frame(code, wrap, cpu_s, stdin)
         pid, pidfd, in_w = warm.pid, warm.pidfd, warm.in_w

@@ -17,8 +17,8 @@ What a user should know:
   environment variable and no memory of the parent reaches a call. Each worker imports
   ``limits.preload`` (numpy, sympy by default; any importable module works) once and runs
   ``limits.warmup`` (by default it exercises sympy so that its lazily loaded subpackages are in memory);
-  every call is a fresh fork of that worker (no state leaks between calls), so ``import sympy`` costs
-  nothing. BLAS is single-threaded (``OPENBLAS_NUM_THREADS=1`` etc.), ``MPLBACKEND=Agg``, the working
+  every call is a fresh fork of that worker, made and confined before its request arrives and used for
+  that one call only (no state leaks between calls), so ``import sympy`` costs nothing. BLAS is single-threaded (``OPENBLAS_NUM_THREADS=1`` etc.), ``MPLBACKEND=Agg``, the working
   directory (also ``HOME`` and ``TMPDIR``) is a fresh private directory, ``sys.setrecursionlimit`` and
   ``sys.set_int_max_str_digits`` come from the limits.
 * Isolation (``pool.isolation.mode``, also ``stats()["isolation"]``), each layer where the OS allows:
