@@ -130,3 +130,19 @@ def test_no_process_survives_close():
     while pids & set(_processes()) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not pids & set(_processes()), "a worker, init or warm child outlived close()"
+
+
+@pytest.mark.parametrize("one_worker", [True, False], indirect=True, ids=["namespaces", "fallback"])
+def test_a_replaced_worker_takes_its_warm_child_along(one_worker):
+    one_worker.run(CodeRequest(code="1"))
+    (warm,) = _wait_for_warm(one_worker).values()
+    for pid in one_worker.worker_pids():  # the worker dies while idle; the pool replaces it
+        os.kill(pid, signal.SIGKILL)
+    time.sleep(0.2)
+    r = one_worker.run(CodeRequest(code="6 * 7"))
+    assert (r.status, r.stdout) == ("ok", "42\n"), r
+    deadline = time.monotonic() + 10.0
+    while warm in _processes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert warm not in _processes(), "the dead worker's warm child survived it"
+    check_healthy(one_worker)
