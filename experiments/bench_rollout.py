@@ -16,10 +16,12 @@ sigma_s) clipped to [0.05, 1.0] s; trajectories are cut at the token budget like
 hold only part of the batch; slots are plentiful (memory binds, as in real engines).
 
 Reported: makespan of both policies over 3 workload seeds, rows per step, preemptions, KV use over
-time (plot), an isolated-engine step-cost calibration and a two-engine concurrency probe (how much
-parallel compute the machine really gives two engines), one diagnostic capacity run from a lower
-reserve ratio, then a SIMULATED comparison (``rstar2_jax.rollout.simulate``) at this scale and at the
-paper's, with the calibrated step costs and the measured tool overheads.
+time (plot), an isolated-engine step-cost calibration, a two-engine concurrency probe (how much
+parallel compute the machine really gives two engines), the critical path (the longest trajectory
+alone: no dispatcher beats it), one diagnostic capacity run from a lower reserve ratio, then a
+SIMULATED comparison (``rstar2_jax.rollout.simulate``, same admission code) at this scale and at the
+paper's, with the calibrated step costs and the measured tool overheads. Each batch starts with a
+cold length model (as in the trainer, which builds a dispatcher per step).
 
 Workaround (TODO(engine-fork-oom)): ``PagedEngine._fork`` raises ``OutOfPages`` from inside
 ``step()`` when a group's copy-on-write pages do not fit, which the static baseline hits at once.
@@ -305,8 +307,10 @@ def run_policy(policy: str, problems, scripts, w: Workload, seed: int, model, ec
     by_prompt = {tuple(TOK.encode(render_prompt(p.problem, TPL))): s for p, s in zip(problems, scripts)}
     engines = [ScriptedTurnsEngine(_ForkSafeEngine(graphdef, params, mcfg, ecfg, decode_fn=TOK.decode, device=d),
                                    by_prompt) for d in devices]
+    d = RolloutConfig()
     cfg = RolloutConfig(n_samples=w.n_samples, budget=w.budget, template=TPL, policy=policy,
-                        reserve_ratio=reserve_ratio)
+                        reserve_ratio=reserve_ratio, reserve_ratio_min=min(reserve_ratio, d.reserve_ratio_min),
+                        reserve_ratio_max=max(reserve_ratio, d.reserve_ratio_max))
     c0 = time.process_time()
     res = Dispatcher(engines, pool, TOK, RewardFn(pool=pool).batch, cfg).run(problems, seed=seed, show_progress=True)
     m = res.metrics
@@ -379,7 +383,7 @@ def describe_workload(w: Workload, seeds: list[int], prompt_len: int, args) -> N
     per_group = tot.reshape(len(seeds), w.n_problems, w.n_samples)
     z = args.page_size
     group_pages = np.ceil((prompt_len % z + per_group) / z).sum(-1) + prompt_len // z
-    need = math.ceil(prompt_len / z) + w.n_samples * (math.ceil(w.budget / z) + 1)
+    need = math.ceil(prompt_len / z) + w.n_samples * math.ceil((prompt_len % z + w.budget) / z)
     print(f"workload: {w.n_problems} problems x {w.n_samples} samples (2G) = {w.n_problems * w.n_samples} "
           f"trajectories per seed, seeds {seeds}; budget {w.budget} tokens, prompt {prompt_len}, "
           f"<= {TPL.max_turns} turns")
@@ -395,8 +399,8 @@ def describe_workload(w: Workload, seeds: list[int], prompt_len: int, args) -> N
           f"{np.percentile(tot, 90):.0f}; {np.mean(tot >= w.budget - 8):.0%} hit the budget; per-problem mean "
           f"p10/p90 {np.percentile(per_group.mean(-1), 10):.0f}/{np.percentile(per_group.mean(-1), 90):.0f}")
     print(f"  KV per engine: {args.pages - 1} usable pages of {z} tokens, {args.slots} slots (decode buckets "
-          f"{args.buckets or 'none'}); a group ends holding {group_pages.mean():.0f} pages on average, the "
-          f"dispatcher reserves {need} for it at ratio 1; the whole batch would need "
+          f"{args.buckets or 'none'}); a group ends holding {group_pages.mean():.0f} pages on average ({need} if all "
+          f"its samples ran to the budget); the whole batch would need "
           f"{group_pages.sum(-1).mean() / (2 * (args.pages - 1)):.1f}x what both engines hold")
 
 
@@ -444,6 +448,10 @@ def main() -> None:
         PagedEngine(graphdef, params, mcfg, ecfg, decode_fn=TOK.decode, device=d).warmup()
     step_a, step_b = calibrate(graphdef, params, mcfg, ecfg, devices[0], prompt_len)
     speedup = concurrency_probe(graphdef, params, mcfg, ecfg, devices)
+    crit = max(sum(t.turns) * (step_a + step_b) + sum(t.tool_s) for s in seeds
+               for samples in make_workload(w, s)[1] for t in (realized(x, w.budget) for x in samples))
+    print(f"critical path: the longest trajectory alone on an idle engine takes >= {crit:.1f} s (sampled tokens x "
+          f"one-row step + its tool sleeps): no dispatcher's makespan can be lower")
     print(f"compiled and calibrated in {time.perf_counter() - t0:.0f} s: one engine alone steps in {step_a * 1e3:.2f} "
           f"ms + {step_b * 1e3:.3f} ms x rows; two engines in two threads step {speedup:.2f}x as fast in aggregate "
           f"as one alone (2.0 = independent devices)")

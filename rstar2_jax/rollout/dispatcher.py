@@ -5,20 +5,25 @@ different devices or cores really run concurrently); the dispatcher thread owns 
 admits work, routes tool calls to the sandbox pool asynchronously and feeds results back.
 
 Admission (``policy="capacity"``): a problem's 2G samples are one group (they share the prompt's
-pages). A group goes to the engine with the most free capacity::
+pages). The dispatcher forecasts each engine's KV pages over the next ``B`` tokens from its live
+trajectories' progress (tokens at their last turn boundary plus the engine steps since) and a
+length model learnt online from this batch and earlier ones (``capacity``: Kaplan-Meier survival,
+pessimistic prior; a group's samples correlated)::
 
-    capacity(e) = usable_pages(e) - held(e) - ratio * sum_t ceil(remaining_budget(t) / page_size)
+    capacity(e) = usable_pages(e) - ratio * max_tau (mean_e(tau) + sigma * sd_e(tau))
 
-where ``held`` counts the pages the engine's admitted trajectories hold now (shared prompt pages
-once) and the sum reserves pages for what they may still generate. The group is admitted only if
-``capacity >= ratio * need(group)`` (or the engine is empty); choosing, reserving and submitting is
-one step of the dispatcher thread, so two admissions never race. ``ratio`` adapts: +``ratio_up``
-when an engine reports a preemption, times ``ratio_decay`` per admission otherwise (clamped).
-A trajectory stays on its engine across turns; its reservation is released when it finishes,
-aborts or errors.
+The head group goes to the engine with the most capacity if its samples fit that bound
+(``capacity.fits``); an engine with no live trajectory takes the part that fits (at least one
+sample; the rest stays at the head). ``reserve="budget"`` forecasts every live trajectory at its
+full budget instead (worst case: no overflow possible at ratio >= 1). Choosing, reserving and
+submitting is one step of the dispatcher thread, so two admissions never race. ``ratio`` adapts
+(``capacity.AdaptiveRatio``): ``+ratio_up`` when an engine reports a preemption, ``* ratio_decay``
+per admission otherwise. A trajectory stays on its engine across turns; its forecast is dropped
+when it finishes, aborts or errors.
 
 ``policy="static"`` is the common baseline: groups split evenly across engines up front, each
-engine given all of its share at once and run to completion.
+engine given all of its share at once and run to completion (KV overflow: the engine preempts the
+newest sequence, which recomputes later).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from rstar2_jax.rollout.capacity import AdaptiveRatio, LengthModel, fits, forecast
 from rstar2_jax.rollout.template import TemplateConfig, ToolCall, ToolCallError, render_prompt
 from rstar2_jax.rollout.trajectory import Status, Trajectory
 from rstar2_jax.sampling import PagedEngine, Request, Sampler, StopEvent, Temperature
@@ -50,11 +56,14 @@ class RolloutConfig:
     template: TemplateConfig = TemplateConfig()
     tool_timeout_s: float | None = None  # None: the pool's limits
     policy: str = "capacity"  # or "static"
-    reserve_ratio: float = 1.0  # initial reservation scale of remaining budgets
-    reserve_ratio_min: float = 0.5
-    reserve_ratio_max: float = 1.0
+    reserve: str = "estimate"  # what a live trajectory reserves: "estimate" (learnt) or "budget" (worst case)
+    prior_weight: float = 4.0  # pseudo-trajectories at the full budget in the length model
+    reserve_sigma: float = 1.0  # safety margin: standard deviations of the forecast pages
+    reserve_ratio: float = 1.0  # initial reservation scale
+    reserve_ratio_min: float = 1.0
+    reserve_ratio_max: float = 2.0
     ratio_up: float = 0.25  # added when a preemption is seen
-    ratio_decay: float = 0.99  # multiplied per admission without preemption
+    ratio_decay: float = 0.98  # multiplied per admission without preemption
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
@@ -63,8 +72,10 @@ class RolloutConfig:
             raise ValueError(f"RolloutConfig.budget must be >= 1, got {self.budget}")
         if self.policy not in ("capacity", "static"):
             raise ValueError(f"RolloutConfig.policy must be 'capacity' or 'static', got {self.policy!r}")
-        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max <= 1:
-            raise ValueError("RolloutConfig: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max <= 1")
+        if self.reserve not in ("estimate", "budget"):
+            raise ValueError(f"RolloutConfig.reserve must be 'estimate' or 'budget', got {self.reserve!r}")
+        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max:
+            raise ValueError("RolloutConfig: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max")
 
 
 @dataclasses.dataclass
@@ -80,6 +91,7 @@ class _Group:
     prompt: list[int]
     key: int
     engine: int = -1
+    live: int = 0  # admitted trajectories not yet done
 
 
 class _EngineThread(threading.Thread):
@@ -127,19 +139,27 @@ class _EngineThread(threading.Thread):
                 self.engine.resume(seq_id, tokens, max_new_tokens=max_new)
             elif kind == "release":
                 self.engine.release(args[0])
+                self.timeline.append((time.perf_counter() - self.t0, self.engine.stats()["kv_pages_in_use"]))
         except Exception as e:  # an engine refusal fails those trajectories, not the batch
             self.out.put(("engine_error", self.idx, kind, args, f"{type(e).__name__}: {e}"))
 
 
 class Dispatcher:
-    """Runs a batch of problems to finished, rewarded trajectories over ``engines``."""
+    """Runs a batch of problems to finished, rewarded trajectories over ``engines``.
+
+    ``lengths``: final response lengths (tokens) of earlier batches' trajectories, to seed the
+    length model (``self.model.lengths()`` after a run gives them for the next dispatcher); the
+    model also keeps learning across ``run`` calls of one dispatcher.
+    """
 
     def __init__(self, engines: Sequence[PagedEngine], pool: Any, tokenizer: Tokenizer,
-                 reward_fn: RewardBatchFn, cfg: RolloutConfig):
+                 reward_fn: RewardBatchFn, cfg: RolloutConfig, lengths: Sequence[int] = ()):
         if not engines:
             raise ValueError("Dispatcher needs at least one engine")
         self.engines, self.pool, self.tok, self.reward_fn, self.cfg = list(engines), pool, tokenizer, reward_fn, cfg
-        self.ratio = cfg.reserve_ratio
+        self.ratio = AdaptiveRatio(cfg.reserve_ratio, cfg.reserve_ratio_min, cfg.reserve_ratio_max,
+                                   cfg.ratio_up, cfg.ratio_decay)
+        self.model = LengthModel(cfg.budget, cfg.prior_weight, lengths) if cfg.reserve == "estimate" else None
         self.stop_ids = tuple(sorted({tokenizer.eos_id, *self._ids("<|im_end|>", "</tool_call>")}))
 
     def _ids(self, *tokens: str) -> list[int]:
@@ -157,28 +177,46 @@ class Dispatcher:
                        stop_token_ids=self.stop_ids, stop_strings=strings)
 
     # -- capacity bookkeeping (dispatcher thread only) --------------------------------------------
-    def _pages(self, n_tokens: int, e: int) -> int:
-        return math.ceil(n_tokens / self.engines[e].cfg.page_size)
+    def _account(self, t: Trajectory, e: int, live: bool) -> None:
+        """``t`` was admitted, reached a turn boundary or ended: refresh ``e``'s forecast."""
+        if not live:
+            self._live_t[e].pop(t.uid, None)
+            if self.model is not None:
+                self.model.track(t.uid, None)
+        else:
+            self._live_t[e][t.uid] = t
+            self._mark[t.uid] = self._clock[e]
+        self._refresh(e)
+
+    def _refresh(self, e: int) -> None:
+        """Forecast ``e``'s pages from its live trajectories' progress: tokens at their last turn
+        boundary plus, while generating, the engine steps since (one token per step at most)."""
+        ps, b, clock = self.engines[e].cfg.page_size, self.cfg.budget, self._clock[e]
+        ts = list(self._live_t[e].values())
+        used = [len(t.response_tokens) + (clock - self._mark[t.uid] if t.status is Status.GENERATING else 0)
+                for t in ts]
+        if self.model is not None:
+            for t, u in zip(ts, used):
+                self.model.track(t.uid, u)
+        self._curve[e], self._var[e] = forecast(self.model, used, [len(t.prompt_tokens) % ps for t in ts], b, ps,
+                                                [self._group_of[t.uid].key for t in ts])
+
+    def _usable(self, e: int) -> int:
+        return self.engines[e].num_pages - 1
 
     def _capacity(self, e: int) -> float:
-        ps = self.engines[e].cfg.page_size
-        held = reserve = 0
-        for g in self._live[e]:
-            live = [t for t in g.trajs if t.status is not Status.DONE]
-            if not live:
-                continue
-            held += len(g.prompt) // ps
-            for t in live:
-                held += math.ceil((len(g.prompt) % ps + len(t.response_tokens)) / ps)
-                reserve += math.ceil(t.remaining / ps)
-        return self.engines[e].num_pages - 1 - held - self.ratio * reserve
-
-    def _need(self, g: _Group, e: int) -> int:
-        return self._pages(len(g.prompt), e) + len(g.trajs) * (self._pages(self.cfg.budget, e) + 1)
+        sd = self.cfg.reserve_sigma * np.sqrt(self._var[e])
+        return self._usable(e) - self.ratio.value * float(np.max(self._curve[e] + self._shared[e] + sd))
 
     def _submit_group(self, g: _Group, e: int) -> None:
-        g.engine = e
-        self._live[e].append(g)
+        g.engine, g.live = e, len(g.trajs)
+        self._shared[e] += len(g.prompt) // self.engines[e].cfg.page_size  # full prompt pages, shared
+        self._live_n[e] += g.live
+        for t in g.trajs:
+            self._group_of[t.uid] = g
+            self._live_t[e][t.uid] = t
+            self._mark[t.uid] = self._clock[e]
+        self._refresh(e)
         self.workers[e].cmds.put(("group", g, self._request(g.prompt, g.key, self.cfg.budget)))
 
     def _admit(self) -> None:
@@ -187,19 +225,36 @@ class Dispatcher:
             if self.cfg.policy == "static":
                 self._submit_group(self._pending.popleft(), g.engine)
                 continue
-            caps = [self._capacity(e) for e in range(len(self.engines))]
-            e = int(np.argmax(caps))
-            empty = not any(t.status is not Status.DONE for gg in self._live[e] for t in gg.trajs)
-            if caps[e] < self.ratio * self._need(g, e) and not empty:
-                return
+            e = int(np.argmax([self._capacity(e) for e in range(len(self.engines))]))
+            self._refresh(e)  # the others' forecasts are as of their last turn boundary
+            ps, n = self.engines[e].cfg.page_size, len(g.trajs)
+            sample = forecast(self.model, [0], [len(g.prompt) % ps], self.cfg.budget, ps)
+            k = fits(self._curve[e] + self._shared[e], self._var[e], sample, len(g.prompt) // ps, n,
+                     self.ratio.value, self.cfg.reserve_sigma, self._usable(e))
+            if k < n:
+                if self._live_n[e]:
+                    return  # wait for memory
+                k = max(k, 1)  # an empty engine takes the part of the group that fits
+                self._pending[0] = _Group(g.trajs[k:], g.prompt, key=(g.key * 7919 + k) % (1 << 62))
+                self._pending.appendleft(_Group(g.trajs[:k], g.prompt, key=g.key))
             self._submit_group(self._pending.popleft(), e)
-            self.ratio = max(self.cfg.reserve_ratio_min, self.ratio * self.cfg.ratio_decay)
+            self.ratio.on_admission()
 
     # -- event handling ----------------------------------------------------------------------------
     def _finish_seq(self, t: Trajectory, e: int, seq_id: int | None) -> None:
         if seq_id is not None:
             self.workers[e].cmds.put(("release", seq_id))
         self._n_done += 1
+        g = self._group_of.get(t.uid)
+        if g is None:
+            return  # never admitted
+        self._account(t, e, False)
+        self._live_n[e] -= 1
+        g.live -= 1
+        if g.live == 0:
+            self._shared[e] -= len(g.prompt) // self.engines[e].cfg.page_size
+        if self.model is not None and t.done_reason != "error":
+            self.model.add(len(t.response_tokens))
 
     def _on_event(self, e: int, ev: StopEvent) -> None:
         t = self._by_seq[(e, ev.seq_id)]
@@ -207,7 +262,9 @@ class Dispatcher:
                        self.tok, self.cfg.template)
         if t.status is Status.DONE:
             self._finish_seq(t, e, ev.seq_id)
-        elif isinstance(t.pending_call, ToolCallError):
+            return
+        self._account(t, e, True)
+        if isinstance(t.pending_call, ToolCallError):
             self._on_tool(t, t.pending_call, 0.0)
         else:
             call: ToolCall = t.pending_call
@@ -226,15 +283,17 @@ class Dispatcher:
         if tokens is None:
             self._finish_seq(t, e, seq_id)
         else:
+            self._account(t, e, True)
             self.workers[e].cmds.put(("resume", seq_id, tokens, t.remaining))
 
     def _handle(self, msg: tuple) -> None:
         kind = msg[0]
         if kind == "events":
             _, e, events, preemptions = msg
+            self._clock[e] += 1
             if preemptions > self._preempt[e]:
+                self.ratio.on_preemption(preemptions - self._preempt[e])
                 self._preempt[e] = preemptions
-                self.ratio = min(self.cfg.reserve_ratio_max, self.ratio + self.cfg.ratio_up)
             for ev in events:
                 self._on_event(e, ev)
         elif kind == "admitted":
@@ -270,7 +329,16 @@ class Dispatcher:
         cfg = self.cfg
         trajs: list[Trajectory] = []
         self._pending: deque[_Group] = deque()
-        self._live: list[list[_Group]] = [[] for _ in self.engines]
+        # Per engine: forecast pages of its live trajectories (f64[B // Z + 1]), their groups' shared
+        # prompt pages, live trajectory count, the live trajectories themselves.
+        self._curve = [np.zeros(cfg.budget // e.cfg.page_size + 1) for e in self.engines]
+        self._var = [np.zeros(cfg.budget // e.cfg.page_size + 1) for e in self.engines]
+        self._shared = [0] * len(self.engines)
+        self._live_n = [0] * len(self.engines)
+        self._live_t: list[dict[int, Trajectory]] = [{} for _ in self.engines]
+        self._clock = [0] * len(self.engines)  # engine steps seen
+        self._mark: dict[int, int] = {}  # uid -> engine step when its current turn was handed over
+        self._group_of: dict[int, _Group] = {}
         max_len = min(e.cfg.max_seq_len for e in self.engines)
         self._n_done = 0
         for gi, p in enumerate(problems):
@@ -348,5 +416,6 @@ class Dispatcher:
             "turns_per_traj": float(np.mean([len(t.turns) for t in trajs])),
             "tool_calls_per_traj": float(np.mean([len(t.tools) for t in trajs])),
             "done_reasons": dict(Counter(t.done_reason for t in trajs)),
-            "reserve_ratio": self.ratio,
+            "reserve_ratio": self.ratio.value,
+            "length_model_n": self.model.n if self.model is not None else 0,
         }

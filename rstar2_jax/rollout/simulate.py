@@ -4,10 +4,11 @@ It replays scripted trajectories (sampled tokens per turn; tool latency and appe
 each call) on ``n_engines`` simulated engines that follow ``PagedEngine``'s rules, under the
 dispatcher's two policies (``rstar2_jax.rollout.dispatcher``):
 
-* ``"capacity"``: a group goes to the engine with the most free capacity, admitted when
-  ``capacity >= ratio * need`` (or the engine is empty), with the dispatcher's formula
-  ``capacity(e) = usable - held(e) - ratio * sum_t ceil(remaining(t) / Z)`` on what it knows at
-  turn boundaries; ``ratio`` decays per admission and rises on a preemption (``SimPolicy``).
+* ``"capacity"``: the dispatcher's rules and code (``rstar2_jax.rollout.capacity``): forecast
+  pages per engine from its live trajectories' progress (here exact) and the online length model,
+  head group to the engine with the most capacity if it fits ``ratio * (mean + sigma * sd)``, an
+  empty engine takes the part that fits; ``ratio`` decays per admission and rises on a preemption
+  (``SimPolicy``).
 * ``"static"``: groups split evenly (contiguous) and all handed to their engine at once.
 
 Engine model (both policies): at most ``num_slots`` sequences decode together; a step takes
@@ -31,6 +32,10 @@ import dataclasses
 import heapq
 import math
 from typing import Sequence
+
+import numpy as np
+
+from rstar2_jax.rollout.capacity import AdaptiveRatio, LengthModel, fits, forecast
 
 _EPS = 1e-9
 
@@ -59,20 +64,25 @@ class SimEngine:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class SimPolicy:
-    """Dispatch policy; the ratio knobs mirror ``RolloutConfig``'s defaults."""
+    """Dispatch policy; the knobs and defaults mirror ``RolloutConfig``'s (a test checks)."""
 
     policy: str = "capacity"  # or "static"
+    reserve: str = "estimate"  # or "budget"
+    prior_weight: float = 4.0
+    reserve_sigma: float = 1.0
     reserve_ratio: float = 1.0  # initial ratio
-    reserve_ratio_min: float = 0.5
-    reserve_ratio_max: float = 1.0
+    reserve_ratio_min: float = 1.0
+    reserve_ratio_max: float = 2.0
     ratio_up: float = 0.25  # added per preemption
-    ratio_decay: float = 0.99  # multiplied per admission
+    ratio_decay: float = 0.98  # multiplied per admission
 
     def __post_init__(self) -> None:
         if self.policy not in ("capacity", "static"):
             raise ValueError(f"SimPolicy.policy must be 'capacity' or 'static', got {self.policy!r}")
-        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max <= 1:
-            raise ValueError("SimPolicy: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max <= 1")
+        if self.reserve not in ("estimate", "budget"):
+            raise ValueError(f"SimPolicy.reserve must be 'estimate' or 'budget', got {self.reserve!r}")
+        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max:
+            raise ValueError("SimPolicy: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -115,7 +125,7 @@ class SimResult:
 
 class _Seq:
     __slots__ = ("spec", "group", "order", "engine", "turn", "pre", "dec", "total", "mem", "uncached", "shares",
-                 "resp", "held", "reserve")
+                 "resp", "tool")
 
     def __init__(self, spec: SimTrajectory, group: "_Group", order: tuple[int, int]):
         self.spec, self.group, self.order, self.engine, self.turn = spec, group, order, -1, 0
@@ -125,35 +135,55 @@ class _Seq:
         self.mem = 0.0  # KV tokens held (0: holds nothing)
         self.uncached = float(group.prompt_len)  # tokens to feed before sampling
         self.shares = True  # uses the group's shared prompt pages
-        self.resp = self.held = self.reserve = 0  # the dispatcher's knowledge (turn boundaries)
+        self.resp = 0  # response tokens at its last turn boundary
+        self.tool = False  # waiting for a tool
 
 
 class _Group:
     __slots__ = ("prompt_len", "shared", "seqs", "sharers", "live")
 
-    def __init__(self, g: SimGroup, idx: int, page_size: int):
-        self.prompt_len = g.prompt_len
-        self.shared = (g.prompt_len // page_size) * page_size  # full prompt pages, held once
-        self.seqs = [_Seq(t, self, (idx, i)) for i, t in enumerate(g.trajs)]
+    def __init__(self, prompt_len: int, page_size: int):
+        self.prompt_len = prompt_len
+        self.shared = (prompt_len // page_size) * page_size  # full prompt pages, held once
+        self.seqs: list[_Seq] = []
         self.sharers = 0
-        self.live = len(self.seqs)
+        self.live = 0
+
+    @staticmethod
+    def make(g: SimGroup, idx: int, page_size: int) -> "_Group":
+        out = _Group(g.prompt_len, page_size)
+        out.seqs = [_Seq(t, out, (idx, i)) for i, t in enumerate(g.trajs)]
+        out.live = len(out.seqs)
+        return out
+
+    def split(self, k: int, page_size: int) -> tuple["_Group", "_Group"]:
+        """The first ``k`` samples and the rest, as two groups (each shares its own prompt pages)."""
+        parts = (_Group(self.prompt_len, page_size), _Group(self.prompt_len, page_size))
+        for part, seqs in zip(parts, (self.seqs[:k], self.seqs[k:])):
+            part.seqs, part.live = seqs, len(seqs)
+            for s in seqs:
+                s.group = part
+        return parts
 
 
 class _Eng:
-    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "held",
-                 "shared", "reserve", "live", "finish")
+    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "curve",
+                 "shared", "live", "finish", "seqs", "var")
 
     def __init__(self):
         self.active: list[_Seq] = []
         self.queue: list[tuple] = []  # heap of (order, seq): strict FIFO by submission order
         self.holders: set[_Seq] = set()
         self.t_last = self.busy = self.row_s = self.used = self.peak = self.finish = 0.0
-        self.version = self.held = self.shared = self.reserve = self.live = 0
+        self.version = self.shared = self.live = 0
+        self.curve = self.var = 0.0  # forecast pages of its live trajectories and their variance
+        self.seqs: dict[tuple[int, int], _Seq] = {}  # its live trajectories
 
 
 def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, budget: int,
-             policy: SimPolicy = SimPolicy()) -> SimResult:
-    """Run every trajectory to its end; see the module docstring for the model."""
+             policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = ()) -> SimResult:
+    """Run every trajectory to its end; see the module docstring for the model. ``lengths``:
+    earlier batches' final response lengths, seeding the length model (as ``Dispatcher``'s)."""
     z, c = engine.page_size, engine.prefill_chunk
     cap_tokens = engine.usable_pages * z
     slack = (z - 1) / 2  # mean unused tail of a sequence's last page
@@ -161,12 +191,14 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
         if g.prompt_len + budget + slack > cap_tokens:
             raise ValueError(f"simulate: a sequence of {g.prompt_len} + {budget} tokens never fits one engine")
     engs = [_Eng() for _ in range(n_engines)]
-    gs = [_Group(g, i, z) for i, g in enumerate(groups)]
+    gs = [_Group.make(g, i, z) for i, g in enumerate(groups)]
     pending = list(reversed(gs))  # capacity: groups not yet admitted (pop from the end)
     heap: list[tuple] = []
     counter = 0
     n_left = sum(len(g.seqs) for g in gs)
-    ratio = policy.reserve_ratio
+    ratio = AdaptiveRatio(policy.reserve_ratio, policy.reserve_ratio_min, policy.reserve_ratio_max,
+                          policy.ratio_up, policy.ratio_decay)
+    model = LengthModel(budget, policy.prior_weight, lengths) if policy.reserve == "estimate" else None
     stats = dict(preemptions=0, recomputed=0.0)
 
     def push(t: float, kind: str, obj) -> None:
@@ -175,19 +207,29 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
         heapq.heappush(heap, (t, counter, kind, obj))
 
     # -- the dispatcher's view --------------------------------------------------------------------
+    def progress(s: _Seq) -> int:
+        return s.resp if s.tool else s.resp + int(s.spec.turns[s.turn] - s.dec)
+
+    def refresh(e: _Eng) -> None:
+        """The dispatcher's forecast from its live trajectories' progress (the engine's, exactly)."""
+        ss = list(e.seqs.values())
+        used = [progress(s) for s in ss]
+        if model is not None:
+            for s, u in zip(ss, used):
+                model.track(id(s), u)
+        e.curve, e.var = forecast(model, used, [s.group.prompt_len % z for s in ss], budget, z,
+                                  [id(s.group) for s in ss])
+
     def account(e: _Eng, s: _Seq, live: bool) -> None:
-        e.held -= s.held
-        e.reserve -= s.reserve
-        s.held = math.ceil((s.group.prompt_len % z + s.resp) / z) if live else 0
-        s.reserve = math.ceil(max(budget - s.resp, 0) / z) if live else 0
-        e.held += s.held
-        e.reserve += s.reserve
+        if live:
+            e.seqs[s.order] = s
+        else:
+            e.seqs.pop(s.order, None)
+        refresh(e)
 
     def capacity(e: _Eng) -> float:
-        return engine.usable_pages - e.held - e.shared - ratio * e.reserve
-
-    def need(g: _Group) -> int:
-        return math.ceil(g.prompt_len / z) + len(g.seqs) * (math.ceil(budget / z) + 1)
+        sd = policy.reserve_sigma * np.sqrt(e.var)
+        return engine.usable_pages - ratio.value * float(np.max(e.curve + e.shared + sd))
 
     def submit(g: _Group, idx: int, now: float) -> None:
         e = engs[idx]
@@ -196,19 +238,31 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
         e.live += len(g.seqs)
         for s in g.seqs:
             s.engine = idx
-            account(e, s, True)
+            e.seqs[s.order] = s
             heapq.heappush(e.queue, (s.order, s))
+        refresh(e)
         reschedule(idx, now)
 
     def admit(now: float) -> None:
-        nonlocal ratio
         while pending:
             caps = [capacity(e) for e in engs]
             idx = max(range(n_engines), key=caps.__getitem__)
-            if engs[idx].live and caps[idx] < ratio * need(pending[-1]):
-                return
+            g, e = pending[-1], engs[idx]
+            advance(e, now)
+            refresh(e)  # the others' forecasts are as of their last turn boundary
+            sample = forecast(model, [0], [g.prompt_len % z], budget, z)
+            k = fits(e.curve + e.shared, e.var, sample, g.prompt_len // z, len(g.seqs), ratio.value,
+                     policy.reserve_sigma, engine.usable_pages)
+            if k < len(g.seqs):
+                if e.live:
+                    return  # wait for memory
+                k = max(k, 1)  # an empty engine takes the part of the group that fits
+                if k < len(g.seqs):
+                    head, rest = g.split(k, z)
+                    pending[-1] = rest
+                    pending.append(head)
             submit(pending.pop(), idx, now)
-            ratio = max(policy.reserve_ratio_min, ratio * policy.ratio_decay)
+            ratio.on_admission()
 
     # -- the engine ---------------------------------------------------------------------------------
     def advance(e: _Eng, now: float) -> None:
@@ -261,14 +315,13 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
 
     def preempt(e: _Eng, exclude: _Seq | None = None) -> bool:
         """Free the newest holder's KV; it recomputes everything when it next gets a slot."""
-        nonlocal ratio
         victims = [s for s in e.holders if s is not exclude]
         if not victims:
             return False
         v = max(victims, key=lambda s: s.order)
         stats["preemptions"] += 1
         stats["recomputed"] += v.total - v.uncached
-        ratio = min(policy.reserve_ratio_max, ratio + policy.ratio_up)  # the dispatcher sees it
+        ratio.on_preemption()  # the dispatcher sees it
         v.uncached = v.total
         free(e, v)
         if v in e.active:
@@ -306,10 +359,14 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
     def end_turn(e: _Eng, s: _Seq, now: float) -> bool:
         s.resp += s.spec.turns[s.turn]
         if s.turn < len(s.spec.turns) - 1:
+            s.tool = True
             account(e, s, True)
             push(now + s.spec.tool_s[s.turn], "tool", s)
             return False
         account(e, s, False)
+        if model is not None:
+            model.add(s.resp)
+            model.track(id(s), None)
         free(e, s)
         e.live -= 1
         e.finish = now
@@ -353,6 +410,7 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
             s.uncached += s.spec.appended[s.turn]
             s.turn += 1
             s.dec = float(s.spec.turns[s.turn])
+            s.tool = False
             account(e, s, True)
             heapq.heappush(e.queue, (s.order, s))
             reschedule(s.engine, now)

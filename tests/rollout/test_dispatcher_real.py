@@ -89,6 +89,7 @@ def test_capacity_rollout_completes_without_leak_overflow_or_preemption(policy, 
     for timeline, total in zip(res.timeline, m["kv_total_pages"]):
         assert timeline, "every engine got work"
         assert all(0 <= used <= total for _, used in timeline)  # never above its usable pages
+        assert timeline[-1][1] == 0  # the last release is recorded: the usage curve ends empty
     assert all(peak <= total for peak, total in zip(m["kv_peak_pages"], m["kv_total_pages"]))
     # Both engines were used, and each was filled well beyond one group at its peak.
     assert min(m["kv_peak_pages"]) > ECFG.num_pages // 2

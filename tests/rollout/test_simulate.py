@@ -102,7 +102,7 @@ def _random_groups(seed, n=24, g=4):
     return groups  # at most 3 x 29 + 2 x 12 = 111 response tokens
 
 
-@pytest.mark.parametrize("policy", [SimPolicy(reserve_ratio_min=1.0), SimPolicy(), STATIC])
+@pytest.mark.parametrize("policy", [SimPolicy(reserve="budget"), SimPolicy(), STATIC])
 def test_random_workload_completes_within_the_pool(policy):
     # need = ceil(39 / 16) + 4 x (ceil(120 / 16) + 1) = 3 + 36 = 39 <= 46 pages: a group always fits.
     res = _run(_random_groups(0), n_engines=3, budget=120, policy=policy, usable_pages=46, num_slots=32,
@@ -110,7 +110,7 @@ def test_random_workload_completes_within_the_pool(policy):
     assert res.makespan_s > 0 and all(0 <= f <= 1 for f in res.idle_fraction)
     assert all(b <= res.makespan_s + 1e-9 for b in res.busy_s)
     assert all(p <= 46 + 1e-6 for p in res.peak_pages)
-    if policy.reserve_ratio_min == 1.0:  # worst-case reservation: an overflow is impossible
+    if policy.policy == "capacity" and policy.reserve == "budget":  # worst case: an overflow is impossible
         assert res.preemptions == 0
     if policy.policy == "static":  # everything handed over at once: this pool overflows
         assert res.preemptions > 0 and res.recomputed_tokens > 0
