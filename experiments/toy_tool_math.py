@@ -45,7 +45,7 @@ from rstar2_jax.rollout.template import TemplateConfig  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature  # noqa: E402
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool  # noqa: E402
 from rstar2_jax.sft import SFTConfig, train_sft  # noqa: E402
-from rstar2_jax.tokenizer import ByteTokenizer  # noqa: E402
+from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # noqa: E402
 from rstar2_jax.trainer import RLTrainer, TrainerConfig  # noqa: E402
 from rstar2_jax.utils.metrics import MetricsLogger, plot_metrics  # noqa: E402
 
@@ -63,13 +63,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sft-lr", type=float, default=5e-3)
     ap.add_argument("--copy-drills", type=int, default=6000,
                     help="short echo records mixed into SFT so the tiny policy forms a copy circuit quickly")
-    ap.add_argument("--sft-batch", type=int, default=6, help="packed rows per SFT step")
-    ap.add_argument("--sft-seq-len", type=int, default=640, help="packed row length (attention cost grows with it)")
+    ap.add_argument("--sft-batch", type=int, default=12, help="packed rows per SFT step")
+    ap.add_argument("--sft-seq-len", type=int, default=320, help="packed row length (attention cost grows with it)")
+    ap.add_argument("--tokenizer", default="bpe", choices=("bpe", "byte"),
+                    help="bpe: a byte-level BPE learned from the SFT texts (digits one per token); byte: raw bytes")
+    ap.add_argument("--bpe-vocab", type=int, default=512, help="ids of the learned BPE (bytes + specials + merges)")
     ap.add_argument("--rl-steps", type=int, default=20)
     ap.add_argument("--problems-per-step", type=int, default=8)
     ap.add_argument("--group", type=int, default=4, help="G kept per problem (2G sampled)")
     ap.add_argument("--rl-lr", type=float, default=3e-4)
-    ap.add_argument("--budget", type=int, default=400, help="response tokens per trajectory, tools included")
+    ap.add_argument("--budget", type=int, default=192, help="response tokens per trajectory, tools included")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--n-eval", type=int, default=200, help="held-out problems")
     ap.add_argument("--engines", type=int, default=2)
@@ -79,8 +82,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sandbox-workers", type=int, default=2)
     ap.add_argument("--sft-cache", default=None,
                     help="directory: reuse an SFT policy saved there with the same settings, else train and save it")
-    ap.add_argument("--old-logp", default="sampler", choices=("sampler", "recompute"),
-                    help="pi_old: the sampler's log-probs (same weights; saves a forward) or a trainer recompute")
+    ap.add_argument("--temperature", type=float, default=1.0,
+                    help="rollout sampling temperature; the trained policy is softmax(logits/T), the same distribution")
+    ap.add_argument("--old-logp", default=None, choices=("sampler", "recompute"),
+                    help="pi_old: the sampler's log-probs (temperature 1 only; saves a forward) or a trainer "
+                         "recompute; default: sampler at temperature 1, else recompute")
     ap.add_argument("--exec-time", type=int, default=0, choices=(0, 1),
                     help="1: tool responses report execution time (as rStar2's full template); "
                          "0 (toy default): reproducible tool text, so --resume reproduces a run exactly")
@@ -99,9 +105,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("rl_steps", "copy_drills"):
         if getattr(args, name) < 0:
             errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
-    for name in ("sft_epochs", "sft_lr", "rl_lr"):
+    if args.old_logp is None:
+        args.old_logp = "sampler" if args.temperature == 1.0 else "recompute"
+    if args.old_logp == "sampler" and args.temperature != 1.0:
+        errors.append(f"--old-logp sampler needs --temperature 1 (sampler log-probs are temperature-1), "
+                      f"got {args.temperature}")
+    for name in ("sft_epochs", "sft_lr", "rl_lr", "temperature"):
         if not getattr(args, name) > 0:
             errors.append(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
+    if args.bpe_vocab < ByteTokenizer().vocab_size:
+        errors.append(f"--bpe-vocab must be >= {ByteTokenizer().vocab_size} (bytes + specials), got {args.bpe_vocab}")
     if args.hidden % 4:
         errors.append(f"--hidden must be a multiple of 4 (heads), got {args.hidden}")
     if errors:
@@ -123,9 +136,23 @@ def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, to
             for i in range(args.engines)]
 
 
+def make_tokenizer(args: argparse.Namespace, records: list[dict], tpl: TemplateConfig, out: Path):
+    """The run's tokenizer: raw bytes, or a byte-level BPE learned from the rendered SFT texts and
+    saved as ``<out>/tokenizer.json`` (reloaded from there on ``--resume``, so ids never change)."""
+    byte = ByteTokenizer()
+    if args.tokenizer == "byte":
+        return byte
+    if args.resume and (out / "tokenizer.json").exists():
+        return HFTokenizer(out)
+    texts = [byte.decode(ids) for ids, _ in render_records(records, byte, tpl)]
+    tok = train_byte_bpe(texts, args.bpe_vocab)
+    tok.save(out)
+    return tok
+
+
 def _sft_key(args: argparse.Namespace) -> str:
     keys = ("seed", "sft_traces", "copy_drills", "sft_epochs", "sft_lr", "sft_batch", "sft_seq_len", "hidden",
-            "layers", "exec_time")
+            "layers", "exec_time", "tokenizer", "bpe_vocab")
     return "sft_" + "_".join(f"{k}={getattr(args, k)}" for k in keys)
 
 
@@ -134,6 +161,9 @@ def load_sft_cache(args, params, sft_cfg: SFTConfig):
     d = Path(args.sft_cache) / _sft_key(args) if args.sft_cache else None
     if d is None or not (d / "sft_metrics.jsonl").exists():
         return None
+    if (Path(args.out) / "tokenizer.json").exists() and (d / "tokenizer.json").read_text() != (
+            Path(args.out) / "tokenizer.json").read_text():
+        return None  # trained with other ids
     with Checkpointer(d / "ckpt", max_to_keep=1) as ckpt:
         restored = ckpt.restore(abstract_train_state(params, sft_cfg.rl_view()))
     if restored is None:
@@ -147,6 +177,8 @@ def save_sft_cache(args, state, sft_cfg: SFTConfig, log: list[dict]) -> None:
     d = Path(args.sft_cache) / _sft_key(args)
     with Checkpointer(d / "ckpt", max_to_keep=1) as ckpt:
         ckpt.save(state, config=sft_cfg.rl_view())
+    if (Path(args.out) / "tokenizer.json").exists():
+        (d / "tokenizer.json").write_text((Path(args.out) / "tokenizer.json").read_text())
     (d / "sft_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
 
 
@@ -162,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(f"--resume: settings differ from the run in {out}: {diff}")
     (out / "args.json").write_text(json.dumps(vars(args), indent=2))
     show = not args.no_progress
-    tok, tpl = ByteTokenizer(), TemplateConfig.toy(report_exec_time=args.exec_time)
+    tpl = TemplateConfig.toy(report_exec_time=args.exec_time)
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
 
@@ -171,28 +203,32 @@ def main(argv: list[str] | None = None) -> dict:
     sft_problems, rl_problems = train[: args.sft_traces], train[args.sft_traces:]
     limits = SandboxLimits(wall_s=3.0, cpu_s=3.0, memory_mb=2048,
                            preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
-    mcfg = build_model(args, tok.vocab_size)
-    (out / "config.json").write_text(json.dumps(mcfg.to_hf(), indent=2))  # the policy's shape, HF-style
-    graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
     sft_cfg = SFTConfig(seq_len=args.sft_seq_len, batch_size=args.sft_batch, epochs=args.sft_epochs, logprob_chunk_size=256,
                         optim=OptimConfig(lr=args.sft_lr, warmup_steps=20, weight_decay=0.01))
     rl_cfg = RLConfig(roc=RocConfig(keep_per_group=args.group, mode=args.roc_mode),
                       optim=OptimConfig(lr=args.rl_lr, warmup_steps=3, weight_decay=0.01, max_grad_norm=1.0),
-                      loss=LossConfig(), logprob_chunk_size=128, old_logp_source=args.old_logp)
-    # One checkpoint directory for the whole run: the state (SFT or RL phase, same pytree structure),
-    # the cursor {"phase", "step"}; metrics.jsonl holds the metrics so far. Saves are atomic (orbax).
-    ckpt = Checkpointer(out / "checkpoint", max_to_keep=2)
-    restored = ckpt.restore(abstract_train_state(params, rl_cfg)) if args.resume else None
-    cursor = restored.data_cursor if restored is not None else {"phase": "start", "step": 0}
-    if args.resume:
-        print(f"resume: {'from ' + json.dumps(cursor) if restored else 'no checkpoint, starting fresh'}")
+                      loss=LossConfig(), logprob_chunk_size=128, old_logp_source=args.old_logp,
+                      temperature=args.temperature)
 
     with SandboxPool(workers=args.sandbox_workers, limits=limits) as pool:
         reward_fn = RewardFn(pool=pool).batch
         t = time.perf_counter()
         traces = build_traces(sft_problems, pool=pool, cfg=TraceConfig(), template_cfg=tpl, seed=args.seed)
-        examples = render_records(traces + copy_drills(args.copy_drills, seed=args.seed), tok, tpl)
+        records = traces + copy_drills(args.copy_drills, seed=args.seed)
+        tok = make_tokenizer(args, records, tpl, out)
+        examples = render_records(records, tok, tpl)
         timings["traces_s"] = time.perf_counter() - t
+
+        mcfg = build_model(args, tok.vocab_size)
+        (out / "config.json").write_text(json.dumps(mcfg.to_hf(), indent=2))  # the policy's shape, HF-style
+        graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
+        # One checkpoint directory for the whole run: the state (SFT or RL phase, same pytree structure),
+        # the cursor {"phase", "step"}; metrics.jsonl holds the metrics so far. Saves are atomic (orbax).
+        ckpt = Checkpointer(out / "checkpoint", max_to_keep=2)
+        restored = ckpt.restore(abstract_train_state(params, rl_cfg)) if args.resume else None
+        cursor = restored.data_cursor if restored is not None else {"phase": "start", "step": 0}
+        if args.resume:
+            print(f"resume: {'from ' + json.dumps(cursor) if restored else 'no checkpoint, starting fresh'}")
         max_seq_len = max(len(e[0]) for e in examples) + args.budget + 64
 
         # ---- SFT ---------------------------------------------------------------------------------
@@ -223,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict:
         # ---- RL ----------------------------------------------------------------------------------
         engines = make_engines(graphdef, params, mcfg, args, max_seq_len, tok)
         rollout_cfg = RolloutConfig(n_samples=2 * args.group, budget=args.budget, template=tpl,
-                                    sampler=Temperature(temperature=1.0))
+                                    sampler=Temperature(temperature=args.temperature))
         tcfg = TrainerConfig(rl=rl_cfg, rollout=rollout_cfg, seq_len=max_seq_len,
                              rows=args.problems_per_step * args.group)
         if cursor["phase"] == "rl":

@@ -15,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import toy_tool_math  # noqa: E402
 
-TINY = ["--sft-traces", "16", "--copy-drills", "16", "--sft-epochs", "30", "--sft-lr", "1e-2", "--sft-batch", "4", "--hidden", "32",
+TINY = ["--sft-traces", "16", "--copy-drills", "16", "--sft-epochs", "80", "--sft-lr", "1e-2", "--sft-batch", "4",
+        "--sft-seq-len", "192", "--hidden", "32",
         "--layers", "1", "--rl-steps", "2", "--problems-per-step", "2", "--group", "2", "--n-eval", "4",
         "--eval-every", "1", "--budget", "200", "--slots", "8", "--sandbox-workers", "1", "--no-progress"]
 STEP_KEYS = ("reward", "tool_calls_per_traj", "tool_calls_executed", "response_len", "truncation_rate",

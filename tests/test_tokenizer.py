@@ -39,3 +39,39 @@ def test_hf_tokenizer_from_local_file(tmp_path):
     assert tok.eos_id == tok.token_id("<|im_end|>") and tok.pad_id == tok.token_id("<|endoftext|>")
     ids = tok.encode("ab<|im_end|>")
     assert ids[-1] == tok.eos_id and tok.decode(ids).replace(" ", "") == "ab<|im_end|>"
+
+
+def _bpe(texts=None, vocab=320):
+    from rstar2_jax.tokenizer import train_byte_bpe
+    texts = texts or ["<|im_start|>user\nWhat is 4821*7390?<|im_end|>\n<|im_start|>assistant\n<reason>Use python."] * 20
+    return train_byte_bpe(texts, vocab)
+
+
+def test_byte_bpe_keeps_digits_and_specials_single_and_round_trips():
+    tok = _bpe()
+    text = "<|im_start|>user\nWhat is 98765*1203?<|im_end|> ünïcödé ☃ \x00\t"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    pieces = [tok.decode([i]) for i in tok.encode("x = 1234567890 + 42")]
+    assert [p for p in pieces if any(c.isdigit() for c in p)] == list("123456789042")  # one digit per token
+    for s in CHAT_SPECIALS:
+        assert tok.encode(s) == [tok.token_id(s)]
+    assert len(ids) < len(ByteTokenizer().encode(text))  # merges shorten the fixed phrases
+    assert tok.eos_id == tok.token_id("<|endoftext|>") and tok.pad_id == tok.token_id("<|pad|>")
+
+
+def test_byte_bpe_decodes_garbage_and_saves_identically(tmp_path):
+    tok = _bpe()
+    assert isinstance(tok.decode(list(range(tok.vocab_size))), str)  # any id sequence decodes
+    tok.save(tmp_path)
+    again = HFTokenizer(tmp_path)
+    text = "What is 12*34? <tool_call>\n{}</tool_call>"
+    assert again.encode(text) == tok.encode(text)
+    assert (again.vocab_size, again.eos_id, again.pad_id) == (tok.vocab_size, tok.eos_id, tok.pad_id)
+    assert _bpe().encode(text) == tok.encode(text)  # training is deterministic
+
+
+def test_byte_bpe_rejects_a_vocabulary_below_bytes_plus_specials():
+    import pytest
+    with pytest.raises(ValueError, match="vocab_size must be an int >= 268"):
+        _bpe(vocab=100)

@@ -6,7 +6,7 @@ Three sources, one result (:class:`Policy`):
   ``tokenizer.json``): :func:`load_hf_policy`;
 * an orbax checkpoint of a ``TrainState`` (``rl.checkpoint.Checkpointer``): :func:`load_checkpoint_policy`.
   Either a toy run directory (``<run>/args.json`` + ``<run>/checkpoint``, written by
-  ``experiments/toy_tool_math.py``; byte tokenizer, toy template) or a checkpoint directory plus an
+  ``experiments/toy_tool_math.py``; its ``tokenizer.json`` if it has one, else the byte tokenizer; toy template) or a checkpoint directory plus an
   HF ``config.json`` giving the model shape (tokenizer from that directory's ``tokenizer.json``, or
   the byte tokenizer when the vocabulary is the byte tokenizer's);
 * a tiny random policy with the byte tokenizer, for smoke tests: :func:`random_tiny_policy`.
@@ -100,8 +100,10 @@ def _resolve_checkpoint(path: Path, config: str | Path | None,
     directory or a bare checkpoint directory."""
     run_dir = (path / "args.json").exists() and (path / "checkpoint").is_dir()
     ckpt_dir = path / "checkpoint" if run_dir else path
-    if run_dir and config is None:  # a toy run: shape from its args.json, byte tokenizer, toy template
+    if run_dir and config is None:  # a toy run: shape from its args.json, its tokenizer, toy template
         args = json.loads((path / "args.json").read_text())
+        if tokenizer is None and (path / "tokenizer.json").exists():
+            tokenizer = path  # the run's learned BPE
         tok = HFTokenizer(tokenizer) if tokenizer else ByteTokenizer()
         try:
             cfg = toy_model_config(args, tok.vocab_size)

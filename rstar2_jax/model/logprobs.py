@@ -17,9 +17,12 @@ from jaxtyping import Array, Float, Int
 from rstar2_jax.model.qwen3 import apply, head_weight
 
 
-def _chunk_logp(hidden_bcd: jax.Array, w_dv: jax.Array, targets_bc: jax.Array, with_entropy: bool):
+def _chunk_logp(hidden_bcd: jax.Array, w_dv: jax.Array, targets_bc: jax.Array, with_entropy: bool,
+                temperature: float = 1.0):
     logits = jnp.einsum("BCD,DV->BCV", hidden_bcd, w_dv.astype(hidden_bcd.dtype),
                         preferred_element_type=jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
     lse = jax.nn.logsumexp(logits, axis=-1)  # [B,C]
     tgt = jnp.take_along_axis(logits, targets_bc[..., None], axis=-1)[..., 0]
     logp = tgt - lse
@@ -31,8 +34,11 @@ def _chunk_logp(hidden_bcd: jax.Array, w_dv: jax.Array, targets_bc: jax.Array, w
 
 
 def hidden_logprobs(hidden_btd: Float[Array, "B T D"], w_dv: Float[Array, "D V"], targets_bt: Int[Array, "B T"],
-                    *, chunk_size: int = 512, with_entropy: bool = False):
-    """log p(target) ``[B,T]`` (and entropy ``[B,T]``) from hidden states, chunked over T."""
+                    *, chunk_size: int = 512, with_entropy: bool = False, temperature: float = 1.0):
+    """log p(target) ``[B,T]`` (and entropy ``[B,T]``) from hidden states, chunked over T.
+
+    ``temperature`` τ: the distribution is ``softmax(logits / τ)`` (the tempered policy a sampler at τ
+    draws from); a static Python float."""
     b, t, d = hidden_btd.shape
     c = min(chunk_size, t)
     n = -(-t // c)
@@ -42,7 +48,7 @@ def hidden_logprobs(hidden_btd: Float[Array, "B T D"], w_dv: Float[Array, "D V"]
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def body(_, xs):
-        return None, _chunk_logp(xs[0], w_dv, xs[1], with_entropy)
+        return None, _chunk_logp(xs[0], w_dv, xs[1], with_entropy, temperature)
 
     _, (logp, ent) = jax.lax.scan(body, None, (h, y))
     logp = logp.swapaxes(0, 1).reshape(b, n * c)[:, :t]
@@ -53,14 +59,14 @@ def hidden_logprobs(hidden_btd: Float[Array, "B T D"], w_dv: Float[Array, "D V"]
 def token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens_bt: Int[Array, "B T"],
                    targets_bt: Int[Array, "B T"], *, positions_bt: jax.Array | None = None,
                    segment_ids_bt: jax.Array | None = None, chunk_size: int = 512,
-                   with_entropy: bool = False):
-    """Per-token ``log p(targets_bt | tokens_bt[:, :t+1])`` of the policy, ``[B,T]`` fp32.
+                   with_entropy: bool = False, temperature: float = 1.0):
+    """Per-token ``log p(targets_bt | tokens_bt[:, :t+1])`` of the policy (at ``temperature``), ``[B,T]`` fp32.
 
     ``targets_bt`` is usually ``tokens`` shifted left by one; mask the result with your loss mask.
     """
     hidden, _ = apply(graphdef, params, tokens_bt, positions_bt, segment_ids_bt)
     return hidden_logprobs(hidden, head_weight(graphdef, params), targets_bt,
-                           chunk_size=chunk_size, with_entropy=with_entropy)
+                           chunk_size=chunk_size, with_entropy=with_entropy, temperature=temperature)
 
 
 def naive_token_logprobs(graphdef: nnx.GraphDef, params: nnx.State, tokens_bt: jax.Array,

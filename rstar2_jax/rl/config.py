@@ -105,6 +105,10 @@ class RLConfig:
     logprob_chunk_size: int = 128  # token chunk for log-probs (never materialise [B,T,V])
     old_logp_source: str = "recompute"  # "recompute": trainer's no-grad pass; "sampler": batch["old_logp"]
     compute_entropy: bool = False  # report policy entropy (a metric only; never in the loss)
+    # τ of the trained policy softmax(logits/τ): set it to the rollout sampler's temperature so the
+    # importance ratios and the gradient are those of the distribution the rollouts were drawn from
+    # (as verl divides logits by the rollout temperature). Greedy decoding is unchanged by τ.
+    temperature: float = 1.0
 
     def __post_init__(self):
         _check(self.micro_batch_size is None or self.micro_batch_size >= 1,
@@ -112,6 +116,11 @@ class RLConfig:
         _check(self.logprob_chunk_size >= 1, f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
         _check(self.old_logp_source in OLD_LOGP_SOURCES,
                f"old_logp_source must be one of {OLD_LOGP_SOURCES}, got {self.old_logp_source!r}")
+        _check(isinstance(self.temperature, (int, float)) and self.temperature > 0,
+               f"temperature must be > 0, got {self.temperature!r}")
+        _check(self.temperature == 1.0 or self.old_logp_source == "recompute",
+               f"temperature={self.temperature} needs old_logp_source='recompute': sampler log-probs are "
+               "those of the temperature-1 policy")
 
     @classmethod
     def tiny(cls) -> "RLConfig":

@@ -142,10 +142,12 @@ def _check_batch(batch: dict[str, Any], need_old: bool) -> None:
 
 
 def batch_logprobs(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, *, chunk_size: int,
-                   with_entropy: bool = False):
-    """log π_θ(targets | prefix) [B,T] (and entropy [B,T]) for one (micro-)batch, chunked over T."""
+                   with_entropy: bool = False, temperature: float = 1.0):
+    """log π_θ(targets | prefix) [B,T] (and entropy [B,T]) for one (micro-)batch, chunked over T;
+    π_θ = softmax(logits / ``temperature``)."""
     return token_logprobs(graphdef, params, mb["tokens"], mb["targets"], positions_bt=mb.get("positions"),
-                          segment_ids_bt=mb.get("segment_ids"), chunk_size=chunk_size, with_entropy=with_entropy)
+                          segment_ids_bt=mb.get("segment_ids"), chunk_size=chunk_size, with_entropy=with_entropy,
+                          temperature=temperature)
 
 
 def split_micro(batch: Batch, micro_batch_size: int | None) -> tuple[Batch, int]:
@@ -165,7 +167,8 @@ def split_micro(batch: Batch, micro_batch_size: int | None) -> tuple[Batch, int]
 def micro_loss_and_grad(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, cfg: RLConfig):
     """((S_k, D_k), metrics_k), ∇_θ S_k for one micro-batch (``rl.loss`` for S, D)."""
     def s_fn(p):
-        out = batch_logprobs(graphdef, p, mb, chunk_size=cfg.logprob_chunk_size, with_entropy=cfg.compute_entropy)
+        out = batch_logprobs(graphdef, p, mb, chunk_size=cfg.logprob_chunk_size, with_entropy=cfg.compute_entropy,
+                             temperature=cfg.temperature)
         logp, ent = out if cfg.compute_entropy else (out, None)
         (s, d), metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"], cfg.loss, ent)
         return s, (d, metrics)
@@ -225,7 +228,7 @@ def make_logprob_fn(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
         micro, _ = split_micro({k: batch[k] for k in ("tokens", "targets", "positions", "segment_ids")
                                 if k in batch}, cfg.micro_batch_size)
         f = functools.partial(batch_logprobs, graphdef, jax.lax.stop_gradient(params),
-                              chunk_size=cfg.logprob_chunk_size)
+                              chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature)
         logp = jax.lax.map(f, micro)  # [B/b, b, T]
         return logp.swapaxes(0, 1).reshape(batch["tokens"].shape)
     jitted = jax.jit(fn)

@@ -57,6 +57,21 @@ def test_toy_run_directory_round_trips(tmp_path, toy_policy, max_grad_norm):
     assert_same_params(policy.params, params)
 
 
+def test_toy_run_directory_uses_its_learned_tokenizer(tmp_path):
+    from rstar2_jax.tokenizer import train_byte_bpe
+    tok = train_byte_bpe(["<|im_start|>user\nWhat is 12*34?<|im_end|>"] * 10, 300)
+    tok.save(tmp_path)  # what toy_tool_math.py writes next to args.json
+    cfg = toy_model_config(TOY_ARGS, tok.vocab_size)
+    _, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(3)))
+    (tmp_path / "args.json").write_text(json.dumps(TOY_ARGS))
+    save_state(tmp_path / "checkpoint", params, 1.0)
+    policy = load_checkpoint_policy(tmp_path)
+    assert isinstance(policy.tokenizer, HFTokenizer) and policy.template == "toy"
+    assert policy.model_cfg.vocab_size == tok.vocab_size != ByteTokenizer().vocab_size
+    assert policy.tokenizer.encode("What is 12*34?") == tok.encode("What is 12*34?")
+    assert_same_params(policy.params, params)
+
+
 def test_step_selects_the_newest_checkpoint_at_or_before_it(tmp_path, toy_policy):
     _, params, cfg = toy_policy
     state = init_train_state(params, RLConfig.tiny(), 0)

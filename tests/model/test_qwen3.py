@@ -80,6 +80,26 @@ def test_chunked_logprobs_and_grads_equal_naive(policy, chunk):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
 
 
+def test_tempered_logprobs_are_log_softmax_of_scaled_logits(policy):
+    cfg, g, p = policy
+    toks = _tokens(cfg, 2, 16)
+    tgt = jnp.roll(toks, -1, axis=1)
+    z = logits(g, p, toks).astype(jnp.float32) / 0.7
+    want = jnp.take_along_axis(jax.nn.log_softmax(z, -1), tgt[..., None], -1)[..., 0]
+    got = token_logprobs(g, p, toks, tgt, chunk_size=5, temperature=0.7)
+    np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
+    assert not np.allclose(got, token_logprobs(g, p, toks, tgt, chunk_size=5), atol=1e-3)
+
+
+def test_rl_config_temperature_needs_recomputed_old_logp():
+    from rstar2_jax.rl import RLConfig
+    assert RLConfig(temperature=0.7).temperature == 0.7
+    with pytest.raises(ValueError, match="needs old_logp_source='recompute'"):
+        RLConfig(temperature=0.7, old_logp_source="sampler")
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        RLConfig(temperature=0.0)
+
+
 def test_params_stored_in_param_dtype():
     cfg = ModelConfig.tiny(param_dtype="bfloat16")
     _, p = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
