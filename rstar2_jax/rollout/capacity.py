@@ -19,6 +19,7 @@ adaptive ratio, stays within the pool:
   footprints would reserve about twice what is ever used at once). Without a model (worst case) a
   trajectory reserves ``ceil((base + B) / Z)`` pages at every ``tau``.
 * ``AdaptiveRatio``: the forecast's scale, ``+up`` per preemption seen, ``*decay`` per admission.
+* ``AdmissionConfig``: these knobs, validated once; ``RolloutConfig`` and ``SimPolicy`` extend it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,30 @@ import math
 from typing import Iterable, Sequence
 
 import numpy as np
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class AdmissionConfig:
+    """How a dispatcher admits groups to engines (shared by the real dispatcher and the simulation)."""
+
+    policy: str = "capacity"  # or "static"
+    reserve: str = "estimate"  # what a live trajectory reserves: "estimate" (learnt) or "budget" (worst case)
+    prior_weight: float = 4.0  # pseudo-trajectories at the full budget in the length model
+    reserve_sigma: float = 1.0  # safety margin: standard deviations of the forecast pages
+    reserve_ratio: float = 1.0  # initial reservation scale
+    reserve_ratio_min: float = 1.0
+    reserve_ratio_max: float = 2.0
+    ratio_up: float = 0.25  # added when a preemption is seen
+    ratio_decay: float = 0.98  # multiplied per admission without preemption
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        if self.policy not in ("capacity", "static"):
+            raise ValueError(f"{name}.policy must be 'capacity' or 'static', got {self.policy!r}")
+        if self.reserve not in ("estimate", "budget"):
+            raise ValueError(f"{name}.reserve must be 'estimate' or 'budget', got {self.reserve!r}")
+        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max:
+            raise ValueError(f"{name}: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max")
 
 
 class LengthModel:

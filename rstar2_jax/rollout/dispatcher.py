@@ -38,7 +38,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from rstar2_jax.rollout.capacity import AdaptiveRatio, LengthModel, fits, forecast
+from rstar2_jax.rollout.capacity import AdaptiveRatio, AdmissionConfig, LengthModel, fits, forecast
 from rstar2_jax.rollout.template import TemplateConfig, ToolCall, ToolCallError, render_prompt
 from rstar2_jax.rollout.trajectory import Status, Trajectory
 from rstar2_jax.sampling import PagedEngine, Request, Sampler, StopEvent, Temperature
@@ -49,33 +49,21 @@ RewardBatchFn = Callable[[list[list[str]], list[str]], list[tuple[float, dict]]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
+class RolloutConfig(AdmissionConfig):
+    """What to roll out (samples, budget, sampler, template) and, inherited, how to admit it."""
+
     n_samples: int = 2  # 2G: rollouts per problem before RoC keeps G
     budget: int = 256  # response tokens per trajectory, tool tokens included
     sampler: Sampler = Temperature(temperature=1.0)
     template: TemplateConfig = TemplateConfig()
     tool_timeout_s: float | None = None  # None: the pool's limits
-    policy: str = "capacity"  # or "static"
-    reserve: str = "estimate"  # what a live trajectory reserves: "estimate" (learnt) or "budget" (worst case)
-    prior_weight: float = 4.0  # pseudo-trajectories at the full budget in the length model
-    reserve_sigma: float = 1.0  # safety margin: standard deviations of the forecast pages
-    reserve_ratio: float = 1.0  # initial reservation scale
-    reserve_ratio_min: float = 1.0
-    reserve_ratio_max: float = 2.0
-    ratio_up: float = 0.25  # added when a preemption is seen
-    ratio_decay: float = 0.98  # multiplied per admission without preemption
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
             raise ValueError(f"RolloutConfig.n_samples must be >= 1, got {self.n_samples}")
         if self.budget < 1:
             raise ValueError(f"RolloutConfig.budget must be >= 1, got {self.budget}")
-        if self.policy not in ("capacity", "static"):
-            raise ValueError(f"RolloutConfig.policy must be 'capacity' or 'static', got {self.policy!r}")
-        if self.reserve not in ("estimate", "budget"):
-            raise ValueError(f"RolloutConfig.reserve must be 'estimate' or 'budget', got {self.reserve!r}")
-        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max:
-            raise ValueError("RolloutConfig: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max")
+        super().__post_init__()
 
 
 @dataclasses.dataclass

@@ -35,7 +35,7 @@ from typing import Sequence
 
 import numpy as np
 
-from rstar2_jax.rollout.capacity import AdaptiveRatio, LengthModel, fits, forecast
+from rstar2_jax.rollout.capacity import AdaptiveRatio, AdmissionConfig, LengthModel, fits, forecast
 
 _EPS = 1e-9
 
@@ -62,27 +62,9 @@ class SimEngine:
         return self.step_s_fixed + self.step_s_per_row * rows
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class SimPolicy:
-    """Dispatch policy; the knobs and defaults mirror ``RolloutConfig``'s (a test checks)."""
-
-    policy: str = "capacity"  # or "static"
-    reserve: str = "estimate"  # or "budget"
-    prior_weight: float = 4.0
-    reserve_sigma: float = 1.0
-    reserve_ratio: float = 1.0  # initial ratio
-    reserve_ratio_min: float = 1.0
-    reserve_ratio_max: float = 2.0
-    ratio_up: float = 0.25  # added per preemption
-    ratio_decay: float = 0.98  # multiplied per admission
-
-    def __post_init__(self) -> None:
-        if self.policy not in ("capacity", "static"):
-            raise ValueError(f"SimPolicy.policy must be 'capacity' or 'static', got {self.policy!r}")
-        if self.reserve not in ("estimate", "budget"):
-            raise ValueError(f"SimPolicy.reserve must be 'estimate' or 'budget', got {self.reserve!r}")
-        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max:
-            raise ValueError("SimPolicy: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max")
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimPolicy(AdmissionConfig):
+    """Dispatch policy: the dispatcher's own admission knobs and defaults (``AdmissionConfig``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
