@@ -11,7 +11,6 @@ from rstar2_jax.data.datasets import load_dataset
 from rstar2_jax.eval import EvalConfig, evaluate_suite, format_table, make_sampler
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig
-from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 from rstar2_jax.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
 
@@ -44,14 +43,6 @@ def zero_policy(prompt, child, turn):
 
 def mixed_policy(prompt, child, turn):  # sample 0 is the gold policy, sample 1 answers 0
     return gold_policy(prompt, child, turn) if child == 0 else ZERO_TURN
-
-
-@pytest.fixture(scope="module")
-def pool():
-    limits = SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=2048,
-                           preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
-    with SandboxPool(workers=2, limits=limits) as p:
-        yield p
 
 
 @pytest.fixture(scope="module")

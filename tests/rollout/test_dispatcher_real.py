@@ -17,7 +17,6 @@ from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig, render_prompt
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.sampling import EngineConfig, PagedEngine
-from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 from rstar2_jax.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -43,14 +42,6 @@ def policy():
     for dev in jax.devices()[:2]:  # compile both step variants on both devices once
         PagedEngine(graphdef, params, cfg, ECFG, decode_fn=TOK.decode, device=dev).warmup()
     return cfg, graphdef, params
-
-
-@pytest.fixture(scope="module")
-def pool():
-    limits = SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=2048,
-                           preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
-    with SandboxPool(workers=2, limits=limits) as p:
-        yield p
 
 
 def _engines(policy, ecfg=ECFG):

@@ -8,7 +8,6 @@ import pytest
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig, tool_response_segment
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
-from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 from rstar2_jax.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
 
@@ -41,13 +40,6 @@ def script(prompt, child, turn):
 class P:
     def __init__(self, pid, problem, answer="42"):
         self.id, self.problem, self.answer = pid, problem, answer
-
-
-@pytest.fixture(scope="module")
-def pool():
-    with SandboxPool(workers=2, limits=SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=2048,
-                                                       preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))) as p:
-        yield p
 
 
 def run(pool, names, *, budget=400, honor_stops=True, n=1):
