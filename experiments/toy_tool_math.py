@@ -30,7 +30,7 @@ from flax import nnx  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
 from rstar2_jax.config import ModelConfig  # noqa: E402
-from rstar2_jax.data.chat import render_records  # noqa: E402
+from rstar2_jax.data.chat import chat_segments, render_records  # noqa: E402
 from rstar2_jax.data.sft_traces import TraceConfig, build_traces, copy_drills  # noqa: E402
 from rstar2_jax.data.toy import make_splits  # noqa: E402
 from rstar2_jax.eval import EvalConfig, evaluate  # noqa: E402
@@ -139,12 +139,12 @@ def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, to
 def make_tokenizer(args: argparse.Namespace, records: list[dict], tpl: TemplateConfig, out: Path):
     """The run's tokenizer: raw bytes, or a byte-level BPE learned from the rendered SFT texts and
     saved as ``<out>/tokenizer.json`` (reloaded from there on ``--resume``, so ids never change)."""
-    byte = ByteTokenizer()
     if args.tokenizer == "byte":
-        return byte
+        return ByteTokenizer()
     if args.resume and (out / "tokenizer.json").exists():
         return HFTokenizer(out)
-    texts = [byte.decode(ids) for ids, _ in render_records(records, byte, tpl)]
+    texts = ["".join(text for text, _ in chat_segments(rec["messages"], tpl, record=r))
+             for r, rec in enumerate(records)]
     tok = train_byte_bpe(texts, args.bpe_vocab)
     tok.save(out)
     return tok
