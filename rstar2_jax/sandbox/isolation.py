@@ -160,23 +160,27 @@ def python_paths() -> list[str]:
     """Directories a call needs to import what was not preloaded and to run ``sys.executable``."""
     paths = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
              os.path.dirname(os.path.realpath(sys.executable)), *sys.path}
-    real = sorted({os.path.realpath(p) for p in paths if p and os.path.isdir(p)})
-    return [p for p in real if not any(p.startswith(q + "/") for q in real if q != p)]
+    return sorted({os.path.realpath(p) for p in paths if p and os.path.isdir(p)})
 
 
 def expose_python(paths: list[str]) -> tuple[str, ...]:
     """In the private mount namespace: where a path's ancestor is closed to other users (a Python under
-    /root), cover that ancestor with an empty tmpfs and bind the needed paths back in. Returns the covered
-    ancestors. The rest of such a directory (e.g. the rest of /root) becomes invisible to the calls."""
+    /root, a venv in a ``mktemp -d`` checkout), cover that ancestor with an empty tmpfs and bind the needed
+    paths back in. Returns the covered ancestors. The rest of such a directory (e.g. the rest of /root)
+    becomes invisible to the calls. A path that is itself closed (not just an ancestor) cannot be opened
+    this way and is left out; what it holds is reachable only through other paths bound back.
+
+    An ancestor under a world-writable directory is covered too: a needed path there means that
+    directory kept its shared mount (``setup_mounts``), and the tmpfs exists in this namespace only."""
     groups: dict[str, list[str]] = {}
     for path in paths:
         top = blocked_ancestor(path)
-        if top is None or top == path or top in _NEVER_COVER or any(
-                top == d or top.startswith(d + "/") for d in WRITABLE_DIRS):
-            continue
+        if top is None or top in _NEVER_COVER or not os.stat(path).st_mode & stat.S_IXOTH:
+            continue  # reachable already, or never covered, or closed itself (a bind keeps its mode)
         groups.setdefault(top, []).append(path)
     covered = []
-    for top, inner in groups.items():
+    for top, paths_in in groups.items():
+        inner = [p for p in paths_in if not any(p.startswith(q + "/") for q in paths_in)]  # outermost only
         fds = [os.open(p, os.O_PATH | os.O_DIRECTORY) for p in inner]
         try:
             sc.mount("tmpfs", top, "tmpfs", sc.MS_NOSUID | sc.MS_NODEV, "size=1m,mode=0755")
@@ -229,7 +233,7 @@ def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> tuple[bool, bool
                          f"size={limits.tmpfs_mb}m,nr_inodes=16384,mode=1777")
             except OSError:
                 private_tmp = private_tmp and path != "/tmp"
-    exposed = expose_python(python_paths()) if os.geteuid() == 0 else ()
+    exposed = expose_python(python_paths() + [os.path.join(_package_root(), "rstar2_jax")]) if os.geteuid() == 0 else ()
     private_proc = False
     if ns["pid_ns"]:
         try:
