@@ -79,6 +79,9 @@ class RLTrainer:
         self.graphdef, self.state, self.engines, self.pool = graphdef, state, list(engines), pool
         self.tok, self.reward_fn, self.cfg, self.mesh = tokenizer, reward_fn, cfg, mesh
         self._step_fn = make_train_step(graphdef, cfg.rl, mesh=mesh)
+        # Final response lengths of the last rollout batch: they seed the next dispatcher's length
+        # model, so admission starts from what the policy does now instead of the pessimistic prior.
+        self.recent_lengths: list[int] = []
 
     def sync_engines(self) -> None:
         """Copy the current params to every engine (on each engine's own device)."""
@@ -87,8 +90,10 @@ class RLTrainer:
 
     def rollout(self, problems: Sequence[Any], seed: int, show_progress: bool = False) -> RolloutResult:
         self.sync_engines()
-        d = Dispatcher(self.engines, self.pool, self.tok, self.reward_fn, self.cfg.rollout)
-        return d.run(problems, seed=seed, show_progress=show_progress)
+        d = Dispatcher(self.engines, self.pool, self.tok, self.reward_fn, self.cfg.rollout, lengths=self.recent_lengths)
+        res = d.run(problems, seed=seed, show_progress=show_progress)
+        self.recent_lengths = [len(t.response_tokens) for t in res.trajectories if t.done_reason != "error"]
+        return res
 
     def select(self, trajs: Sequence[Trajectory], seed: int) -> tuple[np.ndarray, np.ndarray]:
         """RoC: kept indices (``roc_downsample``) and their advantages."""

@@ -54,7 +54,10 @@ def test_roc_keeps_g_of_mixed_groups_and_updates(mode):
     with SandboxPool(workers=2, limits=limits) as pool:
         trainer = RLTrainer(graphdef, init_train_state(params, rl, 0), [ScriptedEngine(TOK, script)], pool, TOK,
                             RewardFn(pool=pool).batch, tcfg)
+        assert trainer.recent_lengths == []
         metrics, res = trainer.step([P("allright"), P("mixed"), P("never"), P("mixed")], seed=0)
+        # the next rollout's length model starts from this batch's lengths
+        assert sorted(trainer.recent_lengths) == sorted(len(t.response_tokens) for t in res.trajectories)
     assert metrics["n_sampled"] == 4 * two_g  # 2G generated per problem
     assert metrics["n_kept"] == 2 * g_keep  # G trained for each of the 2 mixed groups; uniform groups dropped
     assert all(t.tools and t.tools[0].status == "ok" for t in res.trajectories)  # real sandbox runs

@@ -11,10 +11,12 @@ dispatcher's two policies (``rstar2_jax.rollout.dispatcher``):
   (``SimPolicy``).
 * ``"static"``: groups split evenly (contiguous) and all handed to their engine at once.
 
-Engine model (both policies): at most ``num_slots`` sequences decode together; a step takes
-``step_s_fixed + step_s_per_row * rows`` seconds and gives each decoding sequence one token
-(a sequence first spends ``ceil(uncached / prefill_chunk)`` steps feeding its prompt, tool response
-or, after a preemption, everything). A sequence waiting for a tool leaves its slot but keeps its KV.
+Engine model (both policies): at most ``num_slots`` sequences sit in slots; a step gives each
+decoding sequence one token and feeds one ``prefill_chunk`` to each of the ``prefill_rows`` oldest
+sequences that still have uncached tokens (their prompt, a tool response or, after a preemption,
+everything: ``ceil(uncached / prefill_chunk)`` steps as a fed row; the others wait in their slots,
+as in ``PagedEngine``). A step takes ``step_s_fixed + step_s_per_row * rows + step_s_chunk * fed``
+seconds (``rows`` = decoders + fed). A sequence waiting for a tool leaves its slot but keeps its KV.
 Admission is strict FIFO by submission order and needs KV for the sequence's tokens; a full pool
 preempts the newest holder, which later recomputes its K/V. A group's full prompt pages are shared
 until a child is preempted. Time jumps from event to event (turn end, prefill done, pool full,
@@ -22,8 +24,9 @@ tool answer): O(events x slots), no per-token loop.
 
 Approximations (named): KV is counted in tokens plus half a page of slack per holder (not exact
 pages), and admission leaves one token of room per active sequence; every child prefills its own
-prompt, and chunks of different sequences run in parallel (the engine prefills the prompt once and
-feeds ``prefill_rows`` chunks per step); host overheads beyond ``step_s_fixed`` are not modelled.
+prompt (the engine prefills a group's prompt once); a fed row samples its first token in the next
+step (the engine samples it with the last chunk); host overheads beyond the step costs are not
+modelled.
 """
 
 from __future__ import annotations
@@ -49,17 +52,21 @@ class SimEngine:
     page_size: int  # Z: tokens per page
     prefill_chunk: int  # C: tokens fed per prefill step
     step_s_fixed: float  # seconds per step, independent of rows
-    step_s_per_row: float  # seconds per step per active row
+    step_s_per_row: float  # seconds per step per row (decoding or fed)
+    prefill_rows: int = 1  # sequences fed one chunk per step (oldest first)
+    step_s_chunk: float = 0.0  # seconds a fed chunk adds to its step beyond its row
 
     def __post_init__(self) -> None:
-        for name in ("num_slots", "usable_pages", "page_size", "prefill_chunk"):
+        for name in ("num_slots", "usable_pages", "page_size", "prefill_chunk", "prefill_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SimEngine.{name} must be >= 1, got {getattr(self, name)}")
-        if self.step_s_fixed < 0 or self.step_s_per_row < 0 or self.step_s_fixed + self.step_s_per_row <= 0:
-            raise ValueError("SimEngine: step times must be >= 0 and not both 0")
+        if min(self.step_s_fixed, self.step_s_per_row, self.step_s_chunk) < 0 or \
+                self.step_s_fixed + self.step_s_per_row <= 0:
+            raise ValueError("SimEngine: step times must be >= 0 and step_s_fixed + step_s_per_row > 0")
 
-    def step_s(self, rows: int) -> float:
-        return self.step_s_fixed + self.step_s_per_row * rows
+    def step_s(self, rows: int, fed: int = 0) -> float:
+        """Seconds of a step with ``rows`` rows, ``fed`` of them prefill chunks."""
+        return self.step_s_fixed + self.step_s_per_row * rows + self.step_s_chunk * fed
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -101,6 +108,7 @@ class SimResult:
     idle_fraction: list[float]  # 1 - busy / makespan
     mean_rows: list[float]  # time-averaged sequences in slots while busy
     peak_pages: list[float]  # max KV in use (tokens / Z, slack included)
+    mean_pages: list[float]  # KV in use averaged over the makespan (pages)
     preemptions: int
     recomputed_tokens: float  # tokens fed again after preemptions
 
@@ -150,13 +158,13 @@ class _Group:
 
 class _Eng:
     __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "curve",
-                 "shared", "live", "finish", "seqs", "var")
+                 "shared", "live", "finish", "seqs", "var", "kv_s")
 
     def __init__(self):
         self.active: list[_Seq] = []
         self.queue: list[tuple] = []  # heap of (order, seq): strict FIFO by submission order
         self.holders: set[_Seq] = set()
-        self.t_last = self.busy = self.row_s = self.used = self.peak = self.finish = 0.0
+        self.t_last = self.busy = self.row_s = self.used = self.peak = self.finish = self.kv_s = 0.0
         self.version = self.shared = self.live = 0
         self.curve = self.var = 0.0  # forecast pages of its live trajectories and their variance
         self.seqs: dict[tuple[int, int], _Seq] = {}  # its live trajectories
@@ -248,22 +256,29 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
 
     # -- the engine ---------------------------------------------------------------------------------
     def advance(e: _Eng, now: float) -> None:
+        e.kv_s += (now - e.t_last) * e.used  # KV x time (growth within the interval added below)
         if e.active:
             dt = now - e.t_last
-            steps = dt / engine.step_s(len(e.active))
-            for s in e.active:
-                p = min(s.pre, steps)
-                s.pre -= p
-                d = steps - p
-                if d > 0:
-                    s.dec -= d
-                    s.total += d
-                    s.mem += d
-                    e.used += d
+            fed, decoders = lanes(e)
+            steps = dt / engine.step_s(len(decoders) + len(fed), len(fed))
+            for s in fed:  # events fall where a fed row's prefill ends: it never turns decoder mid-interval
+                s.pre = max(s.pre - steps, 0.0)
+            for s in decoders:
+                s.dec -= steps
+                s.total += steps
+                s.mem += steps
+                e.used += steps
+            e.kv_s += dt * steps * len(decoders) / 2
             e.busy += dt
             e.row_s += dt * len(e.active)
             e.peak = max(e.peak, e.used)
         e.t_last = now
+
+    def lanes(e: _Eng) -> tuple[list[_Seq], list[_Seq]]:
+        """The sequences fed a chunk this step (the ``prefill_rows`` oldest with uncached tokens) and
+        the decoding ones."""
+        fed = sorted((s for s in e.active if s.pre > _EPS), key=lambda s: s.order)[:engine.prefill_rows]
+        return fed, [s for s in e.active if s.pre <= _EPS]
 
     def private(s: _Seq) -> float:
         return s.total - (s.group.shared if s.shares else 0)
@@ -332,11 +347,11 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
         e.version += 1
         if not e.active:
             return
-        k = min(s.pre if s.pre > _EPS else s.dec for s in e.active)
-        decoders = sum(s.pre <= _EPS for s in e.active)
+        fed, decoders = lanes(e)
+        k = min([s.pre for s in fed] + [s.dec for s in decoders])
         if decoders:
-            k = min(k, max(cap_tokens - e.used, 0.0) / decoders)
-        push(now + max(k, 0.0) * engine.step_s(len(e.active)), "engine", (idx, e.version))
+            k = min(k, max(cap_tokens - e.used, 0.0) / len(decoders))
+        push(now + max(k, 0.0) * engine.step_s(len(decoders) + len(fed), len(fed)), "engine", (idx, e.version))
 
     def end_turn(e: _Eng, s: _Seq, now: float) -> bool:
         s.resp += s.spec.turns[s.turn]
@@ -400,5 +415,6 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
                      busy_s=[float(e.busy) for e in engs],
                      idle_fraction=[1 - e.busy / now if now else 0.0 for e in engs],
                      mean_rows=[e.row_s / e.busy if e.busy else 0.0 for e in engs],
-                     peak_pages=[float(e.peak) / z for e in engs], preemptions=stats["preemptions"],
+                     peak_pages=[float(e.peak) / z for e in engs],
+                     mean_pages=[e.kv_s / now / z if now else 0.0 for e in engs], preemptions=stats["preemptions"],
                      recomputed_tokens=float(stats["recomputed"]))

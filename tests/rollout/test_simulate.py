@@ -9,7 +9,9 @@ CAPACITY, STATIC = SimPolicy(), SimPolicy(policy="static")
 
 
 def _engine(**kw):
-    base = dict(num_slots=4, usable_pages=100, page_size=16, prefill_chunk=8, step_s_fixed=0.1, step_s_per_row=0.0)
+    # prefill_rows = num_slots: every sequence with uncached tokens is fed at once (the hand counts below)
+    base = dict(num_slots=4, usable_pages=100, page_size=16, prefill_chunk=8, step_s_fixed=0.1, step_s_per_row=0.0,
+                prefill_rows=4)
     base.update(kw)
     return SimEngine(**base)
 
@@ -29,6 +31,15 @@ def test_tool_wait_then_response_prefill():
     res = _run([SimGroup(8, (SimTrajectory((10, 5), (2.0,), (16,)),))])
     assert res.makespan_s == pytest.approx(3.8)
     assert res.busy_s[0] == pytest.approx(1.8) and res.idle_fraction[0] == pytest.approx(2.0 / 3.8)
+
+
+def test_one_prefill_lane_feeds_the_oldest_first_and_chunks_cost():
+    # prefill_rows=1, a fed chunk adds 0.05 s. A is fed (0.15 s) while B waits in its slot; B is fed
+    # while A decodes (0.15 s); both then decode at 0.1 s/step: A's 9 more tokens end at 1.2 s, B's
+    # 10 at 1.3 s.
+    one = SimTrajectory((10,))
+    res = _run([SimGroup(8, (one,)), SimGroup(8, (one,))], prefill_rows=1, step_s_chunk=0.05)
+    assert res.finish_s[0] == pytest.approx(1.3) and res.makespan_s == pytest.approx(1.3)
 
 
 def test_step_time_grows_with_rows():
