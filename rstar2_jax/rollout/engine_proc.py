@@ -15,8 +15,9 @@ fresh ``stats()`` and ``has_work()``, which the proxy caches, so those two cost 
 once at start-up. Arguments and results are pickled: requests, seq ids, token lists and
 ``StopEvent``\\ s are small; ``set_params`` copies the whole weights through the pipe.
 
-This module must not import JAX: the child applies ``env`` and the CPU affinity before the
-factory (and whatever it imports) is even unpickled.
+This module must not import JAX. ``env`` is in the child's environment from its start (the
+parent's ``os.environ`` is swapped while spawning), so it holds even for what spawn imports first
+(the parent's ``__main__``); the CPU affinity is set before the factory is unpickled.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import traceback
 from typing import Any, Callable
 
 _STOP = None  # request asking the child to exit
+_ENV_LOCK = threading.Lock()  # os.environ is swapped for the duration of a child's start
 
 
 def _snapshot(engine: Any) -> tuple[dict | None, bool | None]:
@@ -112,9 +114,9 @@ class ProcessEngine:
 
     ``factory`` and its arguments are pickled to the child, so ``factory`` must be a top-level
     (importable) callable, e.g. a module-level function or a class; the parent's ``__main__``
-    is re-imported there by spawn (guard scripts with ``if __name__ == "__main__"``). In the
-    child, ``env`` is applied to ``os.environ`` and the process pinned to ``cpus`` before the
-    factory is unpickled. Construction waits up to ``start_timeout_s`` for the engine and raises
+    is re-imported there by spawn (guard scripts with ``if __name__ == "__main__"``). ``env``
+    is the child's environment from its start; it is pinned to ``cpus`` before the factory is
+    unpickled. Construction waits up to ``start_timeout_s`` for the engine and raises
     ``RuntimeError`` (with the child's traceback) if the factory fails or the child dies.
 
     Engine calls are one round trip each; an exception raised by the engine comes back as the
@@ -133,7 +135,17 @@ class ProcessEngine:
         self._lock = threading.Lock()
         self.process = ctx.Process(target=_child_main, args=(child_conn, blob, dict(env or {}), set(cpus or ())),
                                    name=f"engine-{getattr(factory, '__name__', 'proc')}", daemon=True)
-        self.process.start()
+        with _ENV_LOCK:  # spawn copies os.environ at start: env holds from the child's first import on
+            saved = {k: os.environ.get(k) for k in env or {}}
+            os.environ.update(env or {})
+            try:
+                self.process.start()
+            finally:
+                for k, v in saved.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
         child_conn.close()  # our copy: recv must see EOF once the child is gone
         self._closed = False
         try:

@@ -1,0 +1,306 @@
+"""The rollout benchmark's workload: scripted long-tailed behaviour on a real engine, and the host
+that runs one such engine in its own process (``rstar2_jax.rollout.engine_proc.ProcessEngine``).
+
+A random policy never calls tools, so the *behaviour* is scripted on top of real decoding:
+``ScriptedTurnsEngine`` wraps a ``PagedEngine``, forces each turn's length (per-child
+``max_new_tokens``, no stop tokens) and rewrites each stop event's tokens, keeping their count,
+into scripted text: a turn ending in a real tool call (``import time; time.sleep(s); print(1)``)
+or a final answer turn. Compute is real (every token is decoded and its K/V cached), tool waits are
+real sandbox calls; only which tokens the trajectory records is scripted.
+
+Workload (per seed): per-problem difficulty d ~ lognormal(0, sigma_d); per sample k ~
+Poisson(lambda * d) tool calls (<= max_turns - 1), each turn ``scripted text +
+lognormal(log(median * d), sigma_t)`` tokens, tool sleeps lognormal(median, sigma_s) clipped to
+[0.05, 1.0] s; trajectories are cut at the token budget like real ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+
+import numpy as np
+
+from rstar2_jax.rollout import TOOL_NAME, TemplateConfig, render_prompt, render_tool_result, tool_response_segment
+from rstar2_jax.rollout.simulate import SimGroup, SimTrajectory
+from rstar2_jax.sampling import EngineConfig, PagedEngine, Request, StopEvent
+from rstar2_jax.sandbox import CodeResult
+from rstar2_jax.tokenizer import ByteTokenizer
+
+TOK = ByteTokenizer()
+TPL = TemplateConfig.toy(max_turns=5)
+FILLER = "Let me think about this step by step and check each case carefully. "
+SLEEP_RANGE = (0.05, 1.0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """Knobs of the scripted behaviour (lognormal parameters are of the natural log)."""
+
+    n_problems: int = 16  # problems per batch
+    n_samples: int = 8  # 2G rollouts per problem
+    budget: int = 640  # response tokens per trajectory, tool tokens included
+    sigma_d: float = 0.8  # per-problem difficulty spread (d ~ lognormal(0, sigma_d))
+    calls_per_d: float = 1.0  # lambda: mean tool calls of a problem = lambda * d
+    median_turn: float = 40.0  # free tokens of a turn at d = 1 (on top of the scripted text)
+    sigma_t: float = 0.7  # per-turn length spread
+    median_sleep: float = 0.15  # seconds a tool call sleeps (median)
+    sigma_s: float = 0.9  # tool sleep spread
+
+
+@dataclasses.dataclass
+class Problem:
+    id: str
+    problem: str
+    answer: str
+
+
+# -- scripted behaviour ---------------------------------------------------------------------------
+def _filler(n: int) -> list[int]:
+    return TOK.encode((FILLER * (n // len(FILLER) + 1))[:n])
+
+
+def _tool_body(sleep_s: float) -> list[int]:
+    args = {"code": f"import time; time.sleep({sleep_s:.3f}); print(1)", "input": ""}
+    return TOK.encode("<tool_call>" + json.dumps({"name": TOOL_NAME, "arguments": args}) + "</tool_call>")
+
+
+def _answer_body(answer: str) -> list[int]:
+    return TOK.encode(f"</reason><answer>\\boxed{{{answer}}}</answer><|im_end|>")
+
+
+def tool_turn(n: int, sleep_s: float) -> list[int]:
+    """``n`` tokens: reasoning filler, then a tool call that sleeps ``sleep_s``."""
+    body = _tool_body(sleep_s)
+    assert n >= len(body), (n, len(body))
+    return _filler(n - len(body)) + body
+
+
+def answer_turn(n: int, answer: str) -> list[int]:
+    """``n`` tokens: reasoning filler, then the final answer."""
+    body = _answer_body(answer)
+    assert n >= len(body), (n, len(body))
+    return _filler(n - len(body)) + body
+
+
+MIN_TOOL_TURN = len(_tool_body(0.123)) + 8  # scripted text (sleeps print as 0.xxx) + a little reasoning
+MIN_ANSWER_TURN = len(_answer_body("1234")) + 8
+
+
+def response_len(sleep_s: float) -> int:
+    """Tokens the rollout appends after a ``sleep_s`` tool call (duration printed as X.XXs)."""
+    fake = CodeResult("ok", "1\n", "", 0, sleep_s + 0.01, False)
+    return len(TOK.encode(tool_response_segment(render_tool_result(fake, TPL))))
+
+
+def make_workload(w: Workload, seed: int) -> tuple[list[Problem], list[list[list[tuple[list[int], float]]]]]:
+    """Problems and, per problem and sample, the scripted turns ``(token ids, tool sleep or 0)``."""
+    rng = np.random.default_rng(seed)
+    problems, scripts = [], []
+    for p in range(w.n_problems):
+        d = float(rng.lognormal(0.0, w.sigma_d))
+        problems.append(Problem(f"s{seed}p{p}", f"Problem {p} of seed {seed}: compute the value.", str(p)))
+        samples = []
+        for _ in range(w.n_samples):
+            k = min(int(rng.poisson(w.calls_per_d * d)), TPL.max_turns - 1)
+            free = np.round(rng.lognormal(math.log(w.median_turn * d), w.sigma_t, size=k + 1)).astype(int)
+            sleeps = np.clip(rng.lognormal(math.log(w.median_sleep), w.sigma_s, size=k), *SLEEP_RANGE)
+            turns = [(tool_turn(MIN_TOOL_TURN + int(f), float(s)), float(s)) for f, s in zip(free[:k], sleeps)]
+            answer = str(p) if rng.random() < 0.5 else str(p + 1)
+            turns.append((answer_turn(MIN_ANSWER_TURN + int(free[k]), answer), 0.0))
+            samples.append(turns)
+        scripts.append(samples)
+    return problems, scripts
+
+
+def realized(turns: list[tuple[list[int], float]], budget: int) -> SimTrajectory:
+    """What the rollout does with a script under the budget (mirrors ``Trajectory``'s rules)."""
+    lens, sleeps, appended, used = [], [], [], 0
+    for i, (ids, sleep) in enumerate(turns):
+        n = min(len(ids), budget - used)
+        lens.append(n)
+        used += n
+        if n < len(ids) or i == len(turns) - 1 or used >= budget:
+            break
+        seg = response_len(sleep)
+        if seg >= budget - used:  # no room for the response and one more token: ends here
+            break
+        sleeps.append(sleep)
+        appended.append(seg)
+        used += seg
+    return SimTrajectory(tuple(lens), tuple(sleeps), tuple(appended))
+
+
+class ScriptedTurnsEngine:
+    """A PagedEngine whose turn lengths and recorded tokens follow a script (see module docstring).
+
+    Each turn decodes exactly ``len(script turn)`` real tokens (fewer if the budget cuts it) with no
+    stop tokens; the stop event then carries the scripted ids (same count: KV accounting stays
+    exact) and reason ``stop_token``, or filler with the engine's reason if the turn was cut.
+    """
+
+    def __init__(self, engine: PagedEngine, scripts: dict[tuple[int, ...], list[list[tuple[list[int], float]]]]):
+        self.engine, self.scripts = engine, scripts
+        self._state: dict[int, list] = {}  # seq_id -> [turns, turn index]
+
+    @property
+    def cfg(self):
+        return self.engine.cfg
+
+    @property
+    def num_pages(self) -> int:
+        return self.engine.num_pages
+
+    def submit_group(self, request: Request, n: int) -> list[int]:
+        samples = self.scripts[tuple(request.prompt)]
+        lens = [min(len(samples[i][0][0]), request.max_new_tokens) for i in range(n)]
+        req = dataclasses.replace(request, stop_token_ids=(), stop_strings=(), max_new_tokens=max(lens))
+        ids = self.engine.submit_group(req, n, child_max_new_tokens=lens)
+        for i, s in enumerate(ids):
+            self._state[s] = [samples[i], 0]
+        return ids
+
+    def resume(self, seq_id: int, tokens, *, max_new_tokens: int) -> None:
+        st = self._state[seq_id]
+        st[1] += 1
+        self.engine.resume(seq_id, tokens, max_new_tokens=min(len(st[0][st[1]][0]), max_new_tokens))
+
+    def release(self, seq_id: int) -> None:
+        self._state.pop(seq_id, None)
+        self.engine.release(seq_id)
+
+    def step(self) -> list[StopEvent]:
+        out = []
+        for ev in self.engine.step():
+            turns, i = self._state[ev.seq_id]
+            ids = turns[i][0]
+            if len(ev.tokens) == len(ids):
+                out.append(StopEvent(ev.seq_id, list(ids), ev.logprobs, "stop_token", ids[-1]))
+            else:
+                out.append(StopEvent(ev.seq_id, _filler(len(ev.tokens)), ev.logprobs, ev.reason))
+        return out
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def stats(self) -> dict:
+        return self.engine.stats()
+
+
+class _ForkSafeEngine(PagedEngine):
+    """TODO(engine-fork-oom): until ``PagedEngine._fork`` handles a full pool itself, make room for
+    the children's copy-on-write pages by preempting the newest page holders (the engine's own
+    overflow rule). Without it the static baseline crashes (``OutOfPages`` raised inside step)."""
+
+    def _fork(self, template) -> None:
+        pt = self.page_table
+        need = len(template.children) if pt.length(template.id) % self.cfg.page_size else 0
+        while pt.free_pages() < need and self._preempt_newest(exclude=template):
+            pass
+        super()._fork(template)
+
+
+# -- one engine per process ------------------------------------------------------------------------
+class EngineHost:
+    """Lives in an engine's process: the tiny random policy, a fresh scripted engine per run
+    (``reset``; compiled steps are reused), calibration and a throughput probe on its own core."""
+
+    def __init__(self, model_kw: dict, ecfg: EngineConfig):
+        from flax import nnx
+
+        from rstar2_jax.config import ModelConfig
+        from rstar2_jax.model import Qwen3, split_policy
+
+        self.mcfg = ModelConfig.tiny(**model_kw)
+        self.graphdef, self.params = split_policy(Qwen3(self.mcfg, rngs=nnx.Rngs(0)))
+        self.cfg, self.num_pages = ecfg, ecfg.num_pages
+        self.engine: ScriptedTurnsEngine | None = None
+        self._new().warmup()  # compile every step variant once (not timed)
+
+    def _new(self) -> PagedEngine:
+        return _ForkSafeEngine(self.graphdef, self.params, self.mcfg, self.cfg, decode_fn=TOK.decode)
+
+    def reset(self, scripts: dict) -> None:
+        """A fresh engine (empty page table, zero stats) following ``scripts`` (prompt ids -> samples)."""
+        self.engine = ScriptedTurnsEngine(self._new(), scripts)
+
+    def submit_group(self, request: Request, n: int) -> list[int]:
+        return self.engine.submit_group(request, n)
+
+    def resume(self, seq_id: int, tokens, *, max_new_tokens: int) -> None:
+        self.engine.resume(seq_id, tokens, max_new_tokens=max_new_tokens)
+
+    def release(self, seq_id: int) -> None:
+        self.engine.release(seq_id)
+
+    def step(self) -> list[StopEvent]:
+        return self.engine.step()
+
+    def has_work(self) -> bool:
+        return self.engine is not None and self.engine.has_work()
+
+    def stats(self) -> dict:
+        return self.engine.stats() if self.engine is not None else dict(preemptions=0, kv_pages_in_use=0)
+
+    def check(self) -> None:
+        """Every sequence released and the page table consistent."""
+        pt = self.engine.engine.page_table
+        assert pt.used_pages() == 0, f"{pt.used_pages()} pages leaked"
+        pt.check_invariants()
+
+    def calibrate(self, prompt_len: int, n_steps: int = 30) -> tuple[float, float, float]:
+        """Step seconds ``a + b * rows`` (decode only, mid-length rows) and ``c``, what feeding one
+        prefill chunk adds to a step, fitted on this engine alone on its core."""
+        rows, secs, extra = [], [], []
+        for r in sorted({1, self.cfg.num_slots // 4, self.cfg.num_slots // 2, self.cfg.num_slots}):
+            eng = self._new()
+            for i in range(r):
+                eng.submit(Request(prompt=list(range(1, prompt_len + 150)), key=i, max_new_tokens=n_steps + 60))
+            for _ in range(10):  # prefill and settle
+                eng.step()
+            t0 = time.perf_counter()
+            for _ in range(n_steps):
+                eng.step()
+            rows.append(r)
+            secs.append((time.perf_counter() - t0) / n_steps)
+            chunks = 8  # a long request keeps the prefill lane busy for this many steps
+            eng.submit(Request(prompt=[i % 200 + 1 for i in range(chunks * self.cfg.prefill_chunk + 1)], key=-1,
+                               max_new_tokens=1))
+            eng.step()  # admission
+            t0 = time.perf_counter()
+            for _ in range(chunks - 1):
+                eng.step()
+            extra.append((time.perf_counter() - t0) / (chunks - 1) - secs[-1])
+        b, a = np.polyfit(rows, secs, 1)
+        return max(float(a), 0.0), max(float(b), 1e-6), max(float(np.median(extra)), 0.0)
+
+    def steps_per_s(self, n_steps: int) -> float:
+        """Steps per second of an engine decoding half its slots (the concurrency probe)."""
+        eng = self._new()
+        for i in range(self.cfg.num_slots // 2):
+            eng.submit(Request(prompt=list(range(1, 200)), key=i, max_new_tokens=n_steps + 20))
+        for _ in range(5):
+            eng.step()
+        t0 = time.perf_counter()
+        for _ in range(n_steps):
+            eng.step()
+        return n_steps / (time.perf_counter() - t0)
+
+
+def sim_groups(w: Workload, seed: int, prompt_len: int, overhead_s: np.ndarray) -> list[SimGroup]:
+    """The benchmark's workload model at any size; tool latency = scripted sleep + a measured overhead."""
+    rng = np.random.default_rng(10_000 + seed)
+    _, scripts = make_workload(w, seed)
+    groups = []
+    for samples in scripts:
+        trajs = []
+        for turns in samples:
+            t = realized(turns, w.budget)
+            lat = tuple(s + float(rng.choice(overhead_s)) for s in t.tool_s)
+            trajs.append(SimTrajectory(t.turns, lat, t.appended))
+        groups.append(SimGroup(prompt_len, tuple(trajs)))
+    return groups
+
+
