@@ -1,8 +1,8 @@
 """Rollout dispatcher: capacity admission vs the static even split, real engines and real sandbox.
 
 Two real PagedEngines (tiny random Qwen3-style policy, byte vocab), each in its own process pinned
-to its own core (``ProcessEngine``: stepped concurrently, an idle engine leaves its core idle, as
-a device would), roll out 2G samples for several problems through the real sandbox pool. The
+to its own core (``ProcessEngine``, free-running: each steps whenever it has work, without waiting
+for the dispatcher's round trip; an idle engine leaves its core idle, as a device would), roll out 2G samples for several problems through the real sandbox pool. The
 behaviour (turn lengths, tool calls that sleep, answers) is scripted on top of real decoding
 (``rollout_workload``): compute is real, tool waits are real sandbox calls.
 
@@ -220,7 +220,8 @@ def main() -> None:
     describe_workload(w, seeds, prompt_len, args)
 
     t0 = time.perf_counter()
-    engines = [ProcessEngine(EngineHost, model_kw, ecfg, cpus={i % n_cpu}, env=ENGINE_ENV) for i in range(2)]
+    engines = [ProcessEngine(EngineHost, model_kw, ecfg, cpus={i % n_cpu}, env=ENGINE_ENV, free_running=True)
+               for i in range(2)]
     try:
         step_a, step_b, step_c = engines[0].call("calibrate", prompt_len)
         speedup = concurrency_probe(engines)
