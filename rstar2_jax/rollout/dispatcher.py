@@ -31,7 +31,6 @@ newest sequence, which recomputes later).
 from __future__ import annotations
 
 import dataclasses
-import math
 import queue
 import threading
 import time
@@ -180,7 +179,10 @@ class Dispatcher:
 
     def _refresh(self, e: int) -> None:
         """Forecast ``e``'s pages from its live trajectories' progress: tokens at their last turn
-        boundary plus, while generating, the engine steps since (one token per step at most)."""
+        boundary plus, while generating, the engine steps since (one token per step at most). The
+        static policy never reads a forecast: nothing to do."""
+        if self.cfg.policy == "static":
+            return
         ps, b, clock = self.engines[e].cfg.page_size, self.cfg.budget, self._clock[e]
         ts = list(self._live_t[e].values())
         used = [len(t.response_tokens) + (clock - self._mark[t.uid] if t.status is Status.GENERATING else 0)

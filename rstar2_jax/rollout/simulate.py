@@ -201,7 +201,10 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
         return s.resp if s.tool else s.resp + int(s.spec.turns[s.turn] - s.dec)
 
     def refresh(e: _Eng) -> None:
-        """The dispatcher's forecast from its live trajectories' progress (the engine's, exactly)."""
+        """The dispatcher's forecast from its live trajectories' progress (the engine's, exactly);
+        the static policy never reads one."""
+        if policy.policy == "static":
+            return
         ss = list(e.seqs.values())
         used = [progress(s) for s in ss]
         if model is not None:
