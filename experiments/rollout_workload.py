@@ -255,38 +255,36 @@ class EngineHost:
         prefill chunk adds to a step, fitted on this engine alone on its core."""
         rows, secs, extra = [], [], []
         for r in sorted({1, self.cfg.num_slots // 4, self.cfg.num_slots // 2, self.cfg.num_slots}):
-            eng = self._new()
-            for i in range(r):
-                eng.submit(Request(prompt=list(range(1, prompt_len + 150)), key=i, max_new_tokens=n_steps + 60))
-            for _ in range(10):  # prefill and settle
-                eng.step()
-            t0 = time.perf_counter()
-            for _ in range(n_steps):
-                eng.step()
+            eng = self._decoding(r, prompt_len + 149, n_steps + 60, settle=10)
             rows.append(r)
-            secs.append((time.perf_counter() - t0) / n_steps)
+            secs.append(_seconds_per_step(eng, n_steps))
             chunks = 8  # a long request keeps the prefill lane busy for this many steps
             eng.submit(Request(prompt=[i % 200 + 1 for i in range(chunks * self.cfg.prefill_chunk + 1)], key=-1,
                                max_new_tokens=1))
             eng.step()  # admission
-            t0 = time.perf_counter()
-            for _ in range(chunks - 1):
-                eng.step()
-            extra.append((time.perf_counter() - t0) / (chunks - 1) - secs[-1])
+            extra.append(_seconds_per_step(eng, chunks - 1) - secs[-1])
         b, a = np.polyfit(rows, secs, 1)
         return max(float(a), 0.0), max(float(b), 1e-6), max(float(np.median(extra)), 0.0)
 
     def steps_per_s(self, n_steps: int) -> float:
         """Steps per second of an engine decoding half its slots (the concurrency probe)."""
+        return 1.0 / _seconds_per_step(self._decoding(self.cfg.num_slots // 2, 199, n_steps + 20, settle=5), n_steps)
+
+    def _decoding(self, rows: int, prompt_len: int, max_new: int, settle: int) -> PagedEngine:
+        """A fresh engine with ``rows`` requests, stepped ``settle`` times (prompts prefilled)."""
         eng = self._new()
-        for i in range(self.cfg.num_slots // 2):
-            eng.submit(Request(prompt=list(range(1, 200)), key=i, max_new_tokens=n_steps + 20))
-        for _ in range(5):
+        for i in range(rows):
+            eng.submit(Request(prompt=list(range(1, prompt_len + 1)), key=i, max_new_tokens=max_new))
+        for _ in range(settle):
             eng.step()
-        t0 = time.perf_counter()
-        for _ in range(n_steps):
-            eng.step()
-        return n_steps / (time.perf_counter() - t0)
+        return eng
+
+
+def _seconds_per_step(eng: PagedEngine, n_steps: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n_steps):
+        eng.step()
+    return (time.perf_counter() - t0) / n_steps
 
 
 def sim_groups(w: Workload, seed: int, prompt_len: int, overhead_s: np.ndarray) -> list[SimGroup]:

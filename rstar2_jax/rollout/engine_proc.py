@@ -207,10 +207,7 @@ class ProcessEngine:
 
     def _rpc(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
         with self._lock:
-            if self._dead is not None:
-                raise RuntimeError(self._dead)
-            if self._closed:
-                raise RuntimeError("ProcessEngine is closed")
+            self._check_usable()
             try:
                 self._conn.send((name, args, kwargs or {}))
             except (BrokenPipeError, ConnectionError, EOFError):
@@ -223,6 +220,12 @@ class ProcessEngine:
         if kind == "err":
             raise _unpack_exc(payload)
         return payload
+
+    def _check_usable(self) -> None:
+        if self._dead is not None:
+            raise RuntimeError(self._dead)
+        if self._closed:
+            raise RuntimeError("ProcessEngine is closed")
 
     def _take(self, msg: tuple) -> tuple[str, Any]:
         kind, payload, stats, has_work = msg
@@ -248,10 +251,7 @@ class ProcessEngine:
         if not self._free:
             return self._rpc("step")
         with self._lock:
-            if self._dead is not None:
-                raise RuntimeError(self._dead)
-            if self._closed:
-                raise RuntimeError("ProcessEngine is closed")
+            self._check_usable()
             if self._step_failed is not None:  # the child stepped no more after it
                 raise RuntimeError(f"an earlier step failed in the child: {self._step_failed}")
             if not self._events:
