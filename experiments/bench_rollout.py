@@ -1,10 +1,10 @@
 """Rollout dispatcher: capacity admission vs the static even split, real engines and real sandbox.
 
 Two real PagedEngines (tiny random Qwen3-style policy, byte vocab), each in its own process pinned
-to its own core (``ProcessEngine``, free-running: each steps whenever it has work, without waiting
-for the dispatcher's round trip; an idle engine leaves its core idle, as a device would), roll out 2G samples for several problems through the real sandbox pool. The
-behaviour (turn lengths, tool calls that sleep, answers) is scripted on top of real decoding
-(``rollout_workload``): compute is real, tool waits are real sandbox calls.
+to its own core (``ProcessEngine`` in lockstep: the dispatcher's step clock stays exact; an idle
+engine leaves its core idle, as a device would), roll out 2G samples for several problems through
+the real sandbox pool. The behaviour (turn lengths, tool calls that sleep, answers) is scripted on
+top of real decoding (``rollout_workload``): compute is real, tool waits are real sandbox calls.
 
 Reported: makespan of both policies over 3 workload seeds, rows per step, preemptions, KV use over
 time (plot) and averaged over the makespan, an isolated-engine step-cost calibration (decode rows and
@@ -124,7 +124,8 @@ def describe(m: dict) -> str:
     return (f"makespan {m['makespan_s']:5.1f} s, {m['tokens_per_s']:5.0f} sampled tok/s, "
             f"{[round(r, 1) for r in m['rows_per_step']]} rows/step over {m['steps']} steps, prefill "
             f"{m['prefill_tokens']} tok, preemptions {m['preemptions']}, KV peak {m['kv_peak_pages']}/"
-            f"{m['kv_total_pages'][0]} mean {[round(x, 2) for x in m['kv_mean']]} of it, idle {[round(x, 2) for x in m['idle_fraction']]}, tool p50/p99 "
+            f"{m['kv_total_pages'][0]} mean {[round(x, 2) for x in m['kv_mean']]} of it, idle "
+            f"{[round(x, 2) for x in m['idle_fraction']]}, tool p50/p99 "
             f"{m['tool_latency_p50_s']:.2f}/{m['tool_latency_p99_s']:.2f} s, {m['done_reasons']}, final ratio "
             f"{m['reserve_ratio']:.2f}, scripted exactly {m['scripted_ok']}")
 
@@ -220,8 +221,7 @@ def main() -> None:
     describe_workload(w, seeds, prompt_len, args)
 
     t0 = time.perf_counter()
-    engines = [ProcessEngine(EngineHost, model_kw, ecfg, cpus={i % n_cpu}, env=ENGINE_ENV, free_running=True)
-               for i in range(2)]
+    engines = [ProcessEngine(EngineHost, model_kw, ecfg, cpus={i % n_cpu}, env=ENGINE_ENV) for i in range(2)]
     try:
         step_a, step_b, step_c = engines[0].call("calibrate", prompt_len)
         speedup = concurrency_probe(engines)
@@ -295,8 +295,8 @@ def simulated(args, w: Workload, seeds: list[int], steps: tuple[float, float, fl
         return [simulate(groups, n_engines=n_engines, engine=sim_engine, budget=wl.budget, lengths=lengths,
                          policy=SimPolicy(policy=p)) for p in ("capacity", "static")]
 
-    def show(c, s) -> str:
-        kv = lambda r: np.mean(r.mean_pages) / small.usable_pages  # noqa: E731
+    def show(c, s, pages: int) -> str:
+        kv = lambda r: np.mean(r.mean_pages) / pages  # noqa: E731
         return (f"capacity {c.makespan_s:6.1f} s (idle {np.mean(c.idle_fraction):.2f}, "
                 f"{np.mean(c.mean_rows):.0f} rows, KV {kv(c):.2f}, {c.preemptions} preemptions), static "
                 f"{s.makespan_s:6.1f} s (idle {np.mean(s.idle_fraction):.2f}, {np.mean(s.mean_rows):.0f} rows, "
@@ -308,10 +308,9 @@ def simulated(args, w: Workload, seeds: list[int], steps: tuple[float, float, fl
                       step_s_fixed=a, step_s_per_row=b, step_s_chunk=c)
     print("SIMULATED at the benchmark's scale (2 independent engines, same workloads, calibrated step costs):")
     for seed in seeds:
-        print(f"  seed {seed}: " + show(*sim(w, 2, small, seed)))
+        print(f"  seed {seed}: " + show(*sim(w, 2, small, seed), small.usable_pages))
     scale = args.sim_samples / w.n_samples  # keep groups per engine's memory and slots per sample as measured
     big = dataclasses.replace(small, num_slots=round(args.slots * scale), usable_pages=round((args.pages - 1) * scale))
-    small = big  # show() reports KV as a fraction of this engine's pages
     wl = dataclasses.replace(w, n_problems=args.sim_problems, n_samples=args.sim_samples)
     print(f"SIMULATED at paper scale: {args.sim_engines} engines, {args.sim_problems} problems x {args.sim_samples} "
           f"samples; per engine {big.num_slots} slots, {big.usable_pages} pages; step {a * 1e3:.2f} ms + "
@@ -322,7 +321,7 @@ def simulated(args, w: Workload, seeds: list[int], steps: tuple[float, float, fl
         t0 = time.perf_counter()
         cap, st = sim(wl, args.sim_engines, big, seed)
         sim_ratios.append(cap.makespan_s / st.makespan_s)
-        print(f"  seed {seed}: " + show(cap, st) + f" [{time.perf_counter() - t0:.0f} s to simulate]")
+        print(f"  seed {seed}: " + show(cap, st, big.usable_pages) + f" [{time.perf_counter() - t0:.0f} s to simulate]")
     print(f"SIMULATED makespan ratio capacity / static at paper scale (mean over seeds): {np.mean(sim_ratios):.2f}")
 
 
