@@ -102,9 +102,9 @@ def run_policy(policy: str, problems, scripts, w: Workload, seed: int, engines, 
         problems, seed=seed, show_progress=True)
     m = res.metrics
     st = [e.stats() for e in engines]
-    m["prefill_tokens"] = sum(s["prefill_tokens"] for s in st)
-    m["steps"] = [s["steps"] for s in st]
-    m["rows_per_step"] = [s["decode_tokens"] / max(s["steps"], 1) for s in st]
+    m["prefill_tokens"] = sum(s.prefill_tokens for s in st)
+    m["steps"] = [s.steps for s in st]
+    m["rows_per_step"] = [s.decode_tokens / max(s.steps, 1) for s in st]
     m["scripted_ok"] = scripted_ok(res, scripts, w.budget)
     m["kv_mean"] = [kv_mean(tl, m["makespan_s"]) / n for tl, n in zip(res.timeline, m["kv_total_pages"])]
     for e in engines:  # every sequence released, table consistent

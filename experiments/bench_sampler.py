@@ -52,14 +52,14 @@ def run_paged(engine: PagedEngine, prompts, lengths, desc: str):
     out, held, holders = {}, 0, 0
     with tqdm(total=total, desc=desc, unit="tok", mininterval=2.0) as bar:
         while engine.has_work():
-            before = engine.stats()["tokens_generated"]
+            before = engine.stats().tokens_generated
             for ev in engine.step():
                 out[ev.seq_id] = ev.tokens
                 engine.release(ev.seq_id)
             st = engine.stats()
-            held += st["kv_pages_in_use"] * engine.cfg.page_size
-            holders += st["seqs_holding_pages"]
-            bar.update(st["tokens_generated"] - before)
+            held += st.kv_pages_in_use * engine.cfg.page_size
+            holders += st.seqs_holding_pages
+            bar.update(st.tokens_generated - before)
     secs, cpu = time.perf_counter() - t0, time.process_time() - c0
     return [[out[i] for i in g] for g in ids], secs, cpu, held / max(holders, 1)
 

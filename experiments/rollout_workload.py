@@ -25,7 +25,7 @@ import numpy as np
 
 from rstar2_jax.rollout import TOOL_NAME, TemplateConfig, render_prompt, render_tool_result, tool_response_segment
 from rstar2_jax.rollout.simulate import SimGroup, SimTrajectory
-from rstar2_jax.sampling import EngineConfig, PagedEngine, Request, StopEvent
+from rstar2_jax.sampling import EngineConfig, EngineStats, PagedEngine, Request, StopEvent
 from rstar2_jax.sandbox import CodeResult
 from rstar2_jax.tokenizer import ByteTokenizer
 
@@ -153,6 +153,21 @@ class ScriptedTurnsEngine:
     def num_pages(self) -> int:
         return self.engine.num_pages
 
+    @property
+    def page_size(self) -> int:
+        return self.engine.page_size
+
+    @property
+    def usable_pages(self) -> int:
+        return self.engine.usable_pages
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.max_seq_len
+
+    def submit(self, request: Request) -> int:
+        return self.submit_group(request, 1)[0]
+
     def submit_group(self, request: Request, n: int) -> list[int]:
         samples = self.scripts[tuple(request.prompt)]
         lens = [min(len(samples[i][0][0]), request.max_new_tokens) for i in range(n)]
@@ -185,7 +200,7 @@ class ScriptedTurnsEngine:
     def has_work(self) -> bool:
         return self.engine.has_work()
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         return self.engine.stats()
 
 
@@ -216,6 +231,7 @@ class EngineHost:
         self.mcfg = ModelConfig.tiny(**model_kw)
         self.graphdef, self.params = split_policy(Qwen3(self.mcfg, rngs=nnx.Rngs(0)))
         self.cfg, self.num_pages = ecfg, ecfg.num_pages
+        self.page_size, self.usable_pages, self.max_seq_len = ecfg.page_size, ecfg.num_pages - 1, ecfg.max_seq_len
         self.engine: ScriptedTurnsEngine | None = None
         self._new().warmup()  # compile every step variant once (not timed)
 
@@ -225,6 +241,9 @@ class EngineHost:
     def reset(self, scripts: dict) -> None:
         """A fresh engine (empty page table, zero stats) following ``scripts`` (prompt ids -> samples)."""
         self.engine = ScriptedTurnsEngine(self._new(), scripts)
+
+    def submit(self, request: Request) -> int:
+        return self.engine.submit(request)
 
     def submit_group(self, request: Request, n: int) -> list[int]:
         return self.engine.submit_group(request, n)
@@ -241,8 +260,8 @@ class EngineHost:
     def has_work(self) -> bool:
         return self.engine is not None and self.engine.has_work()
 
-    def stats(self) -> dict:
-        return self.engine.stats() if self.engine is not None else dict(preemptions=0, kv_pages_in_use=0)
+    def stats(self) -> EngineStats:
+        return self.engine.stats() if self.engine is not None else EngineStats()
 
     def check(self) -> None:
         """Every sequence released and the page table consistent."""

@@ -114,8 +114,8 @@ class _EngineThread(threading.Thread):
             events = self.engine.step()
             self.busy_s += time.perf_counter() - t
             st = self.engine.stats()
-            self.timeline.append((time.perf_counter() - self.t0, st["kv_pages_in_use"]))
-            self.out.put(("events", self.idx, events, st["preemptions"]))
+            self.timeline.append((time.perf_counter() - self.t0, st.kv_pages_in_use))
+            self.out.put(("events", self.idx, events, st.preemptions))
 
     def _apply(self, cmd: tuple) -> None:
         kind, *args = cmd
@@ -128,7 +128,7 @@ class _EngineThread(threading.Thread):
                 self.engine.resume(seq_id, tokens, max_new_tokens=max_new)
             elif kind == "release":
                 self.engine.release(args[0])
-                self.timeline.append((time.perf_counter() - self.t0, self.engine.stats()["kv_pages_in_use"]))
+                self.timeline.append((time.perf_counter() - self.t0, self.engine.stats().kv_pages_in_use))
         except Exception as e:  # an engine refusal fails those trajectories, not the batch
             self.out.put(("engine_error", self.idx, kind, args, f"{type(e).__name__}: {e}"))
 
@@ -183,7 +183,7 @@ class Dispatcher:
         static policy never reads a forecast: nothing to do."""
         if self.cfg.policy == "static":
             return
-        ps, b, clock = self.engines[e].cfg.page_size, self.cfg.budget, self._clock[e]
+        ps, b, clock = self.engines[e].page_size, self.cfg.budget, self._clock[e]
         ts = list(self._live_t[e].values())
         used = [len(t.response_tokens) + (clock - self._mark[t.uid] if t.status is Status.GENERATING else 0)
                 for t in ts]
@@ -194,7 +194,7 @@ class Dispatcher:
                                                 [self._group_of[t.uid].key for t in ts])
 
     def _usable(self, e: int) -> int:
-        return self.engines[e].num_pages - 1
+        return self.engines[e].usable_pages
 
     def _capacity(self, e: int) -> float:
         sd = self.cfg.reserve_sigma * np.sqrt(self._var[e])
@@ -202,7 +202,7 @@ class Dispatcher:
 
     def _submit_group(self, g: _Group, e: int) -> None:
         g.engine, g.live = e, len(g.trajs)
-        self._shared[e] += len(g.prompt) // self.engines[e].cfg.page_size  # full prompt pages, shared
+        self._shared[e] += len(g.prompt) // self.engines[e].page_size  # full prompt pages, shared
         self._live_n[e] += g.live
         for t in g.trajs:
             self._group_of[t.uid] = g
@@ -219,7 +219,7 @@ class Dispatcher:
                 continue
             e = int(np.argmax([self._capacity(e) for e in range(len(self.engines))]))
             self._refresh(e)  # the others' forecasts are as of their last turn boundary
-            ps, n = self.engines[e].cfg.page_size, len(g.trajs)
+            ps, n = self.engines[e].page_size, len(g.trajs)
             sample = forecast(self.model, [0], [len(g.prompt) % ps], self.cfg.budget, ps)
             k = fits(self._curve[e] + self._shared[e], self._var[e], sample, len(g.prompt) // ps, n,
                      self.ratio.value, self.cfg.reserve_sigma, self._usable(e))
@@ -244,7 +244,7 @@ class Dispatcher:
         self._live_n[e] -= 1
         g.live -= 1
         if g.live == 0:
-            self._shared[e] -= len(g.prompt) // self.engines[e].cfg.page_size
+            self._shared[e] -= len(g.prompt) // self.engines[e].page_size
         if self.model is not None and t.done_reason != "error":
             self.model.add(len(t.response_tokens))
 
@@ -323,15 +323,15 @@ class Dispatcher:
         self._pending: deque[_Group] = deque()
         # Per engine: forecast pages of its live trajectories (f64[B // Z + 1]), their groups' shared
         # prompt pages, live trajectory count, the live trajectories themselves.
-        self._curve = [np.zeros(cfg.budget // e.cfg.page_size + 1) for e in self.engines]
-        self._var = [np.zeros(cfg.budget // e.cfg.page_size + 1) for e in self.engines]
+        self._curve = [np.zeros(cfg.budget // e.page_size + 1) for e in self.engines]
+        self._var = [np.zeros(cfg.budget // e.page_size + 1) for e in self.engines]
         self._shared = [0] * len(self.engines)
         self._live_n = [0] * len(self.engines)
         self._live_t: list[dict[int, Trajectory]] = [{} for _ in self.engines]
         self._clock = [0] * len(self.engines)  # engine steps seen
         self._mark: dict[int, int] = {}  # uid -> engine step when its current turn was handed over
         self._group_of: dict[int, _Group] = {}
-        max_len = min(e.cfg.max_seq_len for e in self.engines)
+        max_len = min(e.max_seq_len for e in self.engines)
         self._n_done = 0
         for gi, p in enumerate(problems):
             text = str(getattr(p, "problem", "") or "")
@@ -361,7 +361,7 @@ class Dispatcher:
         self._by_seq: dict[tuple[int, int], Trajectory] = {}
         self._seq_of: dict[int, tuple[int, int]] = {}
         self._tool_latency: list[float] = []
-        self._preempt = [e.stats()["preemptions"] for e in self.engines]
+        self._preempt = [e.stats().preemptions for e in self.engines]
         preempt0 = list(self._preempt)
         t0 = time.perf_counter()
         self.workers = [_EngineThread(i, e, self._out, t0) for i, e in enumerate(self.engines)]
@@ -402,7 +402,7 @@ class Dispatcher:
             "preemptions": int(sum(self._preempt) - sum(preempt0)),
             "idle_fraction": [max(0.0, 1 - w.busy_s / max(makespan, 1e-9)) for w in self.workers],
             "kv_peak_pages": [max((u for _, u in w.timeline), default=0) for w in self.workers],
-            "kv_total_pages": [e.num_pages - 1 for e in self.engines],
+            "kv_total_pages": [e.usable_pages for e in self.engines],
             "tool_calls": len(self._tool_latency), "tool_latency_p50_s": float(np.percentile(lat, 50)),
             "tool_latency_p99_s": float(np.percentile(lat, 99)), "tool_time_s": float(np.sum(self._tool_latency)),
             "turns_per_traj": float(np.mean([len(t.turns) for t in trajs])),

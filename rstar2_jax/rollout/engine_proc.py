@@ -33,11 +33,13 @@ import traceback
 from collections import deque
 from typing import Any, Callable
 
+from rstar2_jax.sampling.interface import EngineStats
+
 _STOP = None  # request asking the child to exit
 _ENV_LOCK = threading.Lock()  # os.environ is swapped for the duration of a child's start
 
 
-def _snapshot(engine: Any) -> tuple[dict | None, bool | None]:
+def _snapshot(engine: Any) -> tuple[EngineStats | None, bool | None]:
     try:
         return engine.stats(), bool(engine.has_work())
     except Exception:  # noqa: BLE001 - the proxy keeps its previous snapshot
@@ -84,8 +86,8 @@ def _child_main(conn: Any, blob: bytes, env: dict[str, str] | None, cpus: set[in
         factory, args, kwargs = pickle.loads(blob)
         engine = factory(*args, **kwargs)
         stats, has_work = _snapshot(engine)
-        conn.send(("ready", dict(cfg=getattr(engine, "cfg", None), num_pages=getattr(engine, "num_pages", None),
-                                 stats=stats, has_work=has_work)))
+        shape = {k: getattr(engine, k, None) for k in ("cfg", "num_pages", "page_size", "usable_pages", "max_seq_len")}
+        conn.send(("ready", dict(shape, stats=stats, has_work=has_work)))
     except BaseException as e:  # noqa: BLE001 - report any start-up failure, then exit
         conn.send(("error", _pack_exc(e)))
         return
@@ -188,7 +190,8 @@ class ProcessEngine:
             raise RuntimeError(f"engine factory failed in the child process: {info[1]}\n\n"
                                f"[engine child traceback]\n{info[2]}")
         self.cfg, self.num_pages = info["cfg"], info["num_pages"]
-        self._stats, self._has_work = info["stats"] or {}, bool(info["has_work"])
+        self._shape = (info["page_size"], info["usable_pages"], info["max_seq_len"])
+        self._stats, self._has_work = info["stats"] or EngineStats(), bool(info["has_work"])
 
     # -- transport ----------------------------------------------------------------------------------
     def _died(self) -> RuntimeError:
@@ -281,9 +284,24 @@ class ProcessEngine:
         """The value of the engine attribute ``attr`` (may be dotted), pickled back."""
         return self._rpc("__getattr__", (attr,))
 
-    def stats(self) -> dict:
+    @property
+    def page_size(self) -> int:
+        return self._shape[0]
+
+    @property
+    def usable_pages(self) -> int:
+        return self._shape[1]
+
+    @property
+    def max_seq_len(self) -> int:
+        return self._shape[2]
+
+    def submit(self, request: Any) -> int:
+        return self._rpc("submit", (request,))
+
+    def stats(self) -> EngineStats:
         """The engine's ``stats()`` as of the last reply (no round trip)."""
-        return dict(self._stats)
+        return self._stats
 
     def has_work(self) -> bool:
         """The engine's ``has_work()`` as of the last message (no round trip), or events not yet

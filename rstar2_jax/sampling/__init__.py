@@ -3,13 +3,14 @@
 * ``page_table``: host-side ref-counted pages (``PageTable``), fork with copy-on-write.
 * ``kv_cache``: device-side page arrays and paged attention (pure JAX reference + kernel hook).
 * ``sampling_fns``: frozen-dataclass samplers; log-probs are the policy's (temperature 1).
+* ``interface``: the ``Engine`` protocol every engine implements, ``Request``, ``StopEvent``, ``EngineStats``.
 * ``engine``: ``PagedEngine`` (submit / submit_group / step / resume / release).
 * ``dense_sampler``: static-batch dense-cache sampler and a naive recompute decoder (comparison).
 """
 
 from rstar2_jax.sampling.dense_sampler import DenseSampler, naive_generate
-from rstar2_jax.sampling.engine import (STOP_REASONS, EngineConfig, PagedEngine, Request, StopEvent,
-                                        child_key_data, key_data)
+from rstar2_jax.sampling.engine import EngineConfig, PagedEngine, child_key_data, key_data
+from rstar2_jax.sampling.interface import STOP_REASONS, Engine, EngineStats, Request, StopEvent, StopReason
 from rstar2_jax.sampling.kv_cache import (DECODE_KERNELS, attention_impls, copy_pages, init_cache, page_bytes,
                                           paged_attention, pages_for_budget, register_decode_kernel, write_kv)
 from rstar2_jax.sampling.page_table import NULL_PAGE, OutOfPages, PageTable
@@ -17,8 +18,8 @@ from rstar2_jax.sampling.sampling_fns import (Greedy, RowParams, Sampler, Temper
                                               policy_logprobs, sample_rows)
 
 __all__ = [
-    "DECODE_KERNELS", "DenseSampler", "EngineConfig", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
-    "PagedEngine", "Request", "RowParams", "STOP_REASONS", "Sampler", "StopEvent", "Temperature", "TopK", "TopP",
+    "DECODE_KERNELS", "DenseSampler", "Engine", "EngineConfig", "EngineStats", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
+    "PagedEngine", "Request", "RowParams", "STOP_REASONS", "Sampler", "StopEvent", "StopReason", "Temperature", "TopK", "TopP",
     "attention_impls", "child_key_data", "copy_pages", "init_cache", "key_data", "naive_generate", "page_bytes",
     "paged_attention", "pages_for_budget", "policy_logprobs", "register_decode_kernel", "sample_rows", "write_kv",
 ]

@@ -53,10 +53,10 @@ from flax import nnx
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import apply, head_weight
 from rstar2_jax.sampling import kv_cache
+from rstar2_jax.sampling.interface import STOP_REASONS, EngineStats, Request, StopEvent  # noqa: F401
 from rstar2_jax.sampling.page_table import OutOfPages, PageTable
-from rstar2_jax.sampling.sampling_fns import Sampler, Temperature, sample_rows
+from rstar2_jax.sampling.sampling_fns import sample_rows
 
-STOP_REASONS = ("stop_token", "stop_string", "max_new_tokens", "max_seq_len")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -103,30 +103,6 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.kv_memory_bytes={self.kv_memory_bytes} holds {n} pages "
                              f"(page = {kv_cache.page_bytes(model_cfg, self.page_size)} bytes); need >= 2")
         return n
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class Request:
-    """One generation request. ``key`` is a typed/raw PRNG key or an int seed."""
-
-    prompt: Sequence[int]  # token ids, at least one
-    key: Any
-    max_new_tokens: int
-    sampler: Sampler = Temperature()
-    stop_token_ids: Sequence[int] = ()  # e.g. tokenizer.eos_id, token_id("<|im_end|>"), token_id("</tool_call>")
-    stop_strings: Sequence[str] = ()  # checked on decode_fn(recent tokens); needs the engine's decode_fn
-
-
-@dataclasses.dataclass(frozen=True)
-class StopEvent:
-    """A sequence stopped this step. ``tokens``/``logprobs`` are those sampled since the last
-    submit/resume (appended tokens excluded); log-probs are the policy's (temperature 1)."""
-
-    seq_id: int
-    tokens: list[int]
-    logprobs: list[float]
-    reason: str  # one of STOP_REASONS
-    stop: int | str | None = None  # the matched stop token id or stop string
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,11 +368,24 @@ class PagedEngine:
                                "release every sequence first)")
         self.params = params if self.device is None else jax.device_put(params, self.device)
 
-    def stats(self) -> dict[str, int]:
+    @property
+    def page_size(self) -> int:
+        return self.cfg.page_size
+
+    @property
+    def usable_pages(self) -> int:
+        return self.num_pages - 1  # page 0 is the null page
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cfg.max_seq_len
+
+    def stats(self) -> EngineStats:
         """Counters since construction plus the current KV usage."""
         held = sum(1 for s in self._seqs.values() if s.id in self.page_table)
-        return dict(self._stats, kv_pages_in_use=self.page_table.used_pages(), kv_pages_total=self.num_pages - 1,
-                    seqs_holding_pages=held, active=self.num_active(), waiting=len(self._waiting))
+        return EngineStats(**self._stats, kv_pages_in_use=self.page_table.used_pages(),
+                           kv_pages_total=self.usable_pages, seqs_holding_pages=held, active=self.num_active(),
+                           waiting=len(self._waiting))
 
     def tokens(self, seq_id: int) -> list[int]:
         """All tokens of a sequence so far (prompt, sampled and appended)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from rstar2_jax.sampling import StopEvent
+from rstar2_jax.sampling import EngineStats, StopEvent
 
 
 @dataclasses.dataclass
@@ -30,6 +30,21 @@ class ScriptedEngine:
         self._active: list[int] = []
         self._next = 0
         self.released: list[int] = []
+
+    @property
+    def page_size(self) -> int:
+        return self.cfg.page_size
+
+    @property
+    def usable_pages(self) -> int:
+        return self.num_pages - 1
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.cfg.max_seq_len
+
+    def submit(self, request) -> int:
+        return self.submit_group(request, 1)[0]
 
     def submit_group(self, request, n: int) -> list[int]:
         ids = []
@@ -79,4 +94,4 @@ class ScriptedEngine:
 
     def stats(self) -> dict:
         used = sum(-(-len(s["tokens"]) // self.cfg.page_size) for s in self._seqs.values())
-        return dict(preemptions=0, kv_pages_in_use=used)
+        return EngineStats(kv_pages_in_use=used, kv_pages_total=self.usable_pages)

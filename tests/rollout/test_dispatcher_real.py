@@ -16,7 +16,7 @@ from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig, render_prompt
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
-from rstar2_jax.sampling import EngineConfig, PagedEngine
+from rstar2_jax.sampling import EngineConfig, EngineStats, PagedEngine
 from rstar2_jax.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
@@ -76,7 +76,7 @@ def test_capacity_rollout_completes_without_leak_overflow_or_preemption(policy, 
     res, engines = _rollout(policy, pool, "capacity")
     _assert_clean(res, engines)
     m = res.metrics
-    assert m["preemptions"] == 0 and sum(e.stats()["preemptions"] for e in engines) == 0
+    assert m["preemptions"] == 0 and sum(e.stats().preemptions for e in engines) == 0
     for timeline, total in zip(res.timeline, m["kv_total_pages"]):
         assert timeline, "every engine got work"
         assert all(0 <= used <= total for _, used in timeline)  # never above its usable pages
@@ -104,10 +104,7 @@ def test_static_rollout_completes_on_the_oversubscribed_workload(policy, pool):
 class _CrashingEngine:
     """An engine whose step raises (as PagedEngine does on an internal error)."""
 
-    class cfg:
-        page_size, max_seq_len = 16, 4096
-
-    num_pages = 64
+    page_size, usable_pages, max_seq_len = 16, 63, 4096
 
     def __init__(self):
         self._work = False
@@ -123,7 +120,7 @@ class _CrashingEngine:
         raise ValueError("boom")
 
     def stats(self):
-        return dict(preemptions=0, kv_pages_in_use=0)
+        return EngineStats()
 
 
 def test_engine_crash_is_raised_not_a_hang():

@@ -80,13 +80,13 @@ def test_greedy_equals_naive_with_mixed_lengths_groups_slots_and_resume(policy):
         assert all(events[i][0].tokens == want for i in ids)
     stats = eng.stats()
     # template lengths 9 and 4: only the first has a partial last page -> one copy per child
-    assert stats["page_copies"] == 3
+    assert stats.page_copies == 3
     # Prefill chunks of 8; a single uncached token left over goes through a decode row instead:
     # singles 3 + (9 = 8 + 1 decoded) + (17 = 8 + 8 + 1) + 6 and the one-token prompt decodes directly;
     # each group's prompt[:-1] once (9, 4), its children decode their last prompt token;
     # the resume extends by last sampled token + 7 tool tokens.
-    assert stats["prefill_tokens"] == (3 + 8 + 16 + 6) + (9 + 4) + (1 + 7)
-    assert stats["preemptions"] == 0
+    assert stats.prefill_tokens == (3 + 8 + 16 + 6) + (9 + 4) + (1 + 7)
+    assert stats.preemptions == 0
     for sid in list(events):
         eng.release(sid)
     assert eng.free_pages() == CFG.num_pages - 1
@@ -146,7 +146,7 @@ def test_small_page_pool_preempts_and_still_matches(policy):
             events[ev.seq_id] = ev
             eng.release(ev.seq_id)  # finished sequences free memory for the waiting ones
         eng.page_table.check_invariants()
-    assert eng.stats()["preemptions"] > 0
+    assert eng.stats().preemptions > 0
     for sid, r in zip(ids[:-1], reqs[:-1]):
         assert events[sid].tokens == _naive(policy, list(r.prompt), r.key, r.max_new_tokens)[0]
     # sampled request: same tokens and log-probs as in a roomy engine (same per-token keys)
