@@ -42,6 +42,7 @@ from rollout_workload import (MIN_ANSWER_TURN, MIN_TOOL_TURN, SLEEP_RANGE, TOK, 
 from rstar2_jax.rewards import RewardFn  # noqa: E402
 from rstar2_jax.rollout import render_prompt  # noqa: E402
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig  # noqa: E402
+from rstar2_jax.rollout.score import score  # noqa: E402
 from rstar2_jax.rollout.engine_proc import ProcessEngine  # noqa: E402
 from rstar2_jax.rollout.simulate import SimEngine, SimPolicy, simulate  # noqa: E402
 from rstar2_jax.sampling import EngineConfig  # noqa: E402
@@ -98,8 +99,8 @@ def run_policy(policy: str, problems, scripts, w: Workload, seed: int, engines, 
     cfg = RolloutConfig(n_samples=w.n_samples, budget=w.budget, template=TPL, policy=policy,
                         reserve_ratio=reserve_ratio, reserve_ratio_min=min(reserve_ratio, d.reserve_ratio_min),
                         reserve_ratio_max=max(reserve_ratio, d.reserve_ratio_max))
-    res = Dispatcher(engines, pool, TOK, RewardFn(pool=pool).batch, cfg, lengths=lengths).run(
-        problems, seed=seed, show_progress=True)
+    res = Dispatcher(engines, pool, TOK, cfg, lengths=lengths).run(problems, seed=seed, show_progress=True)
+    score(res.trajectories, RewardFn(pool=pool).batch)
     m = res.metrics
     st = [e.stats() for e in engines]
     m["prefill_tokens"] = sum(s.prefill_tokens for s in st)

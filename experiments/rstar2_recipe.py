@@ -3,8 +3,11 @@
 Full scale: ``python experiments/rstar2_recipe.py --config experiments/configs/rstar2_14b.json``
 (local Qwen3-14B-Base directory, chat SFT data and RL problems given by path in the config).
 ``--dry-run`` runs every stage and every transition with a tiny random policy on CPU (thresholds
-shrunk: see ``RecipeConfig.dry_run``). The same trainer, engines, dispatcher, sandbox and verifier
-as the toy demo. Checkpoints (orbax, atomic) every ``ckpt_every`` steps and at every transition;
+shrunk: see ``RecipeConfig.dry_run``). A random policy never earns a reward, so RoC would drop every
+group and no update would run: in the dry-run the RL rollouts come from a ``ScriptedPolicy`` over the
+real paged engines (even samples answer right, odd ones wrong, after a real tool call), so every RL
+stage updates for real. The same learner, rollout service, engines, dispatcher, sandbox and verifier
+as the toy demo (one long-lived ``Rollout`` and ``Learner`` for the whole run). Checkpoints (orbax, atomic) every ``ckpt_every`` steps and at every transition;
 ``--resume`` continues from the latest one.
 """
 
@@ -30,13 +33,17 @@ from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
 from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
 from rstar2_jax.rl.train_step import init_train_state, reset_optimizer
+from rstar2_jax.learner import Learner, LearnerConfig
+from rstar2_jax.loop import rl_step
 from rstar2_jax.rollout.dispatcher import RolloutConfig
-from rstar2_jax.rollout.template import TemplateConfig
+from rstar2_jax.rollout.scripted import ScriptedPolicy
+from rstar2_jax.rollout.service import Rollout
+from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 from rstar2_jax.sft import SFTConfig, train_sft
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
-from rstar2_jax.trainer import RLTrainer, TrainerConfig
+from rstar2_jax.utils.compiles import CompileCounter
 from rstar2_jax.utils.metrics import MetricsLogger, plot_metrics
 
 
@@ -67,6 +74,22 @@ def setup_dry_run(cfg: RecipeConfig, out: Path, pool, seed: int):
     mcfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
     graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(seed)))
     return graphdef, params, mcfg, tok, tpl, str(out / "dry_sft.jsonl"), str(out / "dry_rl.jsonl")
+
+
+def dry_run_script(problems, tok, tpl: TemplateConfig):
+    """The dry-run's scripted policy: turn 0 calls the tool with the problem's code; turn 1 boxes
+    the gold (even samples) or gold + 1 (odd samples), so every group is mixed."""
+    by_prompt = {tuple(tok.encode(render_prompt(p.problem, tpl))): p for p in problems}
+
+    def script(prompt: tuple[int, ...], child: int, turn: int) -> list[int]:
+        p = by_prompt[prompt]
+        if turn == 0:
+            call = json.dumps({"name": TOOL_NAME, "arguments": {"code": p.meta["code"], "input": ""}})
+            return tok.encode(f"Use python.\n<tool_call>{call}</tool_call>")
+        value = p.answer if child % 2 == 0 else str(int(p.answer) + 1)
+        return tok.encode(f"Done.</reason><answer>\\boxed{{{value}}}</answer><|im_end|>")
+
+    return script
 
 
 def setup_full(cfg: RecipeConfig, mesh):
@@ -142,14 +165,19 @@ def main(argv: list[str] | None = None) -> dict:
         engines = [PagedEngine(graphdef, state.params, mcfg, ecfg, decode_fn=tok.decode,
                                device=None if mesh is not None else devices[i % len(devices)])
                    for i in range(cfg.engines)]
-
-        def trainer_for(stage: str, st) -> RLTrainer:
-            budget = cfg.stage1_budget if stage == "rl_stage1" else cfg.stage2_budget
-            rcfg = RolloutConfig(n_samples=cfg.samples_per_problem, budget=budget, template=tpl,
-                                 sampler=Temperature(temperature=cfg.temperature))
-            tcfg = TrainerConfig(rl=rl_cfg, rollout=rcfg, seq_len=max_prompt + budget,
-                                 rows=cfg.problems_per_step * cfg.group)
-            return RLTrainer(graphdef, st, engines, pool, tok, reward_fn, tcfg, mesh=mesh)
+        if args.dry_run:  # see the module docstring: a random policy earns no reward
+            script = dry_run_script(problems, tok, tpl)
+            engines = [ScriptedPolicy(e, script) for e in engines]
+        # The run's two long-lived owners (every stage): the rollout service and the learner. The
+        # learner's rows fit the longest stage, so its update compiles for one shape.
+        rollout = Rollout(engines, pool, tok, RolloutConfig(
+            n_samples=cfg.samples_per_problem, budget=cfg.stage1_budget, template=tpl,
+            sampler=Temperature(temperature=cfg.temperature)))
+        learner = Learner(graphdef, state, LearnerConfig(rl=rl_cfg, seq_len=max_prompt + cfg.stage2_budget,
+                                                         rows=cfg.problems_per_step * cfg.group),
+                          pad_id=tok.pad_id, mesh=mesh)
+        rollout.sync(learner.params)
+        compiles = CompileCounter()
 
         bar = tqdm(desc="recipe", disable=not show)
         while cur["stage"] != "done":
@@ -158,24 +186,23 @@ def main(argv: list[str] | None = None) -> dict:
                 visited.append(stage)
             if stage == "filter":
                 pool_ids = [p.id for p in problems][: cfg.filter_pool]
-                trainer = trainer_for("rl_stage2", state)
-                trainer.sync_engines()
                 rows, _ = evaluate([by_id[i] for i in pool_ids], engines, pool, tok, reward_fn,
                                    EvalConfig.sampled(cfg.filter_k, cfg.temperature, budget=cfg.stage2_budget,
                                                       template=tpl), seed=args.seed, show_progress=show)
                 kept = filter_unsolved(pool_ids, [sum(r["correct"]) for r in rows], cfg.filter_k)
                 logger.log({"stage": "filter", "step": cur["global_step"], "filter_pool": len(pool_ids),
                             "filter_kept": len(kept)})
-                state = reset_optimizer(state, rl_cfg)  # stage 3 starts with fresh AdamW moments
+                learner.state = reset_optimizer(learner.state, rl_cfg)  # stage 3 starts with fresh AdamW moments
                 cur.update(stage="rl_stage3" if kept else "done", stage_step=0, stage3_ids=kept, problem_cursor=0)
-                save(state)
+                save(learner.state)
                 continue
             pool_problems = problems if stage != "rl_stage3" else [by_id[i] for i in cur["stage3_ids"]]
-            trainer = trainer_for(stage, state)
+            budget = cfg.stage1_budget if stage == "rl_stage1" else cfg.stage2_budget
             n = cfg.problems_per_step
             batch = [pool_problems[(cur["problem_cursor"] + j) % len(pool_problems)] for j in range(n)]
-            m, _ = trainer.step(batch, seed=args.seed * 1_000_003 + cur["global_step"])
-            state = trainer.state
+            compiles.take()  # this step's compilations only
+            m, _ = rl_step(rollout, learner, reward_fn, batch, seed=args.seed * 1_000_003 + cur["global_step"],
+                           budget=budget, compiles=compiles)
             cur["problem_cursor"] += n
             cur["stage_step"] += 1
             cur["global_step"] += 1
@@ -186,13 +213,16 @@ def main(argv: list[str] | None = None) -> dict:
             if new != stage:
                 cur.update(stage=new, stage_step=0, problem_cursor=0 if new == "filter" else cur["problem_cursor"])
             if new != stage or cur["global_step"] % cfg.ckpt_every == 0:
-                save(state)
+                save(learner.state)
             bar.update(1)
-            bar.set_postfix(stage=stage, reward=f"{m['reward']:.2f}")
+            bar.set_postfix(stage=stage, reward=f"{m['reward']:.2f}", kept=m["n_kept"])
         bar.close()
         ckpt.close()
     plot_metrics([r for r in logger.rows if r.get("stage", "").startswith("rl")], out / "metrics.png")
+    rl_rows = [r for r in logger.rows if r.get("stage", "").startswith("rl") and "reward" in r]
     summary = {"stages": visited, "global_steps": cur["global_step"],
+               "n_kept_per_stage": {s: [r["n_kept"] for r in rl_rows if r["stage"] == s] for s in STAGES[1:-1]},
+               "compiles_per_step": [r.get("compiles") for r in rl_rows],
                "stage3_problems": None if cur["stage3_ids"] is None else len(cur["stage3_ids"]),
                "steps_per_stage": {s: sum(1 for r in logger.rows if r.get("stage") == s and "reward" in r)
                                    for s in STAGES[1:-1]}}

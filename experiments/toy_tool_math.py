@@ -46,7 +46,10 @@ from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature  # noqa: 
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool  # noqa: E402
 from rstar2_jax.sft import SFTConfig, train_sft  # noqa: E402
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # noqa: E402
-from rstar2_jax.trainer import RLTrainer, TrainerConfig  # noqa: E402
+from rstar2_jax.learner import Learner, LearnerConfig  # noqa: E402
+from rstar2_jax.loop import rl_step  # noqa: E402
+from rstar2_jax.rollout.service import Rollout  # noqa: E402
+from rstar2_jax.utils.compiles import CompileCounter  # noqa: E402
 from rstar2_jax.utils.metrics import MetricsLogger, plot_metrics  # noqa: E402
 
 ROC_MODES = ("paper", "deterministic", "none")
@@ -260,17 +263,19 @@ def main(argv: list[str] | None = None) -> dict:
         engines = make_engines(graphdef, params, mcfg, args, max_seq_len, tok)
         rollout_cfg = RolloutConfig(n_samples=2 * args.group, budget=args.budget, template=tpl,
                                     sampler=Temperature(temperature=args.temperature))
-        tcfg = TrainerConfig(rl=rl_cfg, rollout=rollout_cfg, seq_len=max_seq_len,
-                             rows=args.problems_per_step * args.group)
         if cursor["phase"] == "rl":
             state, start = restored.state, cursor["step"]
         else:
             state, start = init_train_state(sft_state.params, rl_cfg, args.seed), None
-        trainer = RLTrainer(graphdef, state, engines, pool, tok, reward_fn, tcfg)
+        # the run's two long-lived owners: the rollout service (engines, dispatcher, sandbox) and the
+        # learner (train state, the update compiled once)
+        rollout = Rollout(engines, pool, tok, rollout_cfg)
+        learner = Learner(graphdef, state, LearnerConfig(rl=rl_cfg, seq_len=max_seq_len,
+                                                         rows=args.problems_per_step * args.group), pad_id=tok.pad_id)
+        rollout.sync(learner.params)
         eval_cfg = EvalConfig(k=1, budget=args.budget, template=tpl)
 
         def held_out(tag: str) -> dict:
-            trainer.sync_engines()
             _, summary = evaluate(heldout, engines, pool, tok, reward_fn, eval_cfg, seed=args.seed,
                                   show_progress=show, out_jsonl=out / f"eval_{tag}.jsonl")
             return summary
@@ -284,13 +289,15 @@ def main(argv: list[str] | None = None) -> dict:
                         "heldout_tool_error_rate": sft_eval["tool_error_rate"],
                         "heldout_response_len": sft_eval["mean_response_tokens"]})
             start = 0
-            ckpt.save(trainer.state, data_cursor={"phase": "rl", "step": 0}, config=rl_cfg, step=RL_CKPT_BASE)
+            ckpt.save(learner.state, data_cursor={"phase": "rl", "step": 0}, config=rl_cfg, step=RL_CKPT_BASE)
         t_rl = time.perf_counter()
         bar = tqdm(range(start + 1, args.rl_steps + 1), desc="rl", disable=not show)
+        compiles = CompileCounter()
         for step in bar:
             batch = rl_problems[(step - 1) * args.problems_per_step: step * args.problems_per_step]
             t = time.perf_counter()
-            m, _ = trainer.step(batch, seed=args.seed * 100_003 + step)
+            compiles.take()  # count this step only (not the evaluation or checkpoint before it)
+            m, _ = rl_step(rollout, learner, reward_fn, batch, seed=args.seed * 100_003 + step, compiles=compiles)
             m.update(step=step, step_s=time.perf_counter() - t)
             if step % args.eval_every == 0 or step == args.rl_steps:
                 ev = held_out(f"step{step}")
@@ -298,7 +305,7 @@ def main(argv: list[str] | None = None) -> dict:
                          heldout_response_len=ev["mean_response_tokens"])
             logger.log(m)
             if step % args.ckpt_every == 0 or step == args.rl_steps:
-                ckpt.save(trainer.state, data_cursor={"phase": "rl", "step": step}, config=rl_cfg,
+                ckpt.save(learner.state, data_cursor={"phase": "rl", "step": step}, config=rl_cfg,
                           metrics={"reward": m["reward"]}, step=RL_CKPT_BASE + step)
             bar.set_postfix(reward=f"{m['reward']:.2f}")
         timings["rl_s"] = time.perf_counter() - t_rl

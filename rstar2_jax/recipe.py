@@ -113,7 +113,7 @@ class RecipeConfig:
         """Every stage and transition with a tiny policy on CPU in about a minute (thresholds shrunk)."""
         base = dict(mesh=MeshConfig(data=1, fsdp=-1, tensor=1), dtype="float32", sft_seq_len=1024, sft_batch=2,
                     sft_epochs=1.0, sft_lr=1e-3, samples_per_problem=4, group=2, problems_per_step=2, rl_lr=1e-4,
-                    warmup_steps=0, stage1_budget=48, stage2_budget=64, stage1_max_steps=4, stage2_max_steps=1,
+                    warmup_steps=0, stage1_budget=320, stage2_budget=384, stage1_max_steps=4, stage2_max_steps=1,
                     stage3_steps=1, trunc_target=1.0, trunc_tol=0.5, trunc_window=1, filter_k=2, filter_pool=4,
                     engines=1, slots=8, kv_memory_gb=0.01, sandbox_workers=1, ckpt_every=1, template="toy")
         base.update(overrides)

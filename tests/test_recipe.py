@@ -1,6 +1,7 @@
 """The recipe: stage rules (pure), the stage-3 filter on a scripted policy, and a full --dry-run."""
 
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -91,3 +92,9 @@ def test_dry_run_passes_every_stage(tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert any(r.get("stage") == "filter" for r in rows)
     assert (tmp_path / "checkpoint").exists()
+    rl = [r for r in rows if r.get("stage", "").startswith("rl_") and "reward" in r]
+    for stage in ("rl_stage1", "rl_stage2", "rl_stage3"):  # every RL stage updated for real
+        assert any(r["stage"] == stage and r["n_kept"] > 0 and math.isfinite(r["train/loss"]) for r in rl), stage
+    assert all(r["tool_calls_executed"] > 0 for r in rl)  # the scripted policy's calls ran in the sandbox
+    # the learner and the rollout service are built once: nothing compiles from the third RL step on
+    assert [r["compiles"] for r in rl[2:]] == [0] * len(rl[2:]), [r["compiles"] for r in rl]

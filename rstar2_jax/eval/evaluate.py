@@ -1,6 +1,7 @@
 """pass@1 = mean over k samples per problem (k and the sampler explicit; greedy allowed).
 
-Uses the same template, tool loop, engines and verifier as training (``rollout.Dispatcher``).
+Uses the same template, tool loop, engines and verifier as training (``rollout.Dispatcher``, then
+``rollout.score``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+from rstar2_jax.rollout.score import score
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sampling import Greedy, Sampler, Temperature, TopP
 
@@ -58,8 +60,8 @@ def evaluate(problems: Sequence[Any], engines: Sequence[Any], pool: Any, tokeniz
     with ``keep_text`` also ``responses`` (the assistant text of each sample, turns joined).
     """
     rcfg = RolloutConfig(n_samples=cfg.k, budget=cfg.budget, sampler=cfg.sampler, template=cfg.template)
-    result = Dispatcher(engines, pool, tokenizer, reward_fn, rcfg).run(problems, seed=seed,
-                                                                        show_progress=show_progress)
+    result = Dispatcher(engines, pool, tokenizer, rcfg).run(problems, seed=seed, show_progress=show_progress)
+    score(result.trajectories, reward_fn)
     rows = []
     for gi, p in enumerate(problems):
         ts = [t for t in result.trajectories if t.group_id == gi]

@@ -44,6 +44,7 @@ class AdmissionConfig:
     reserve_ratio_max: float = 2.0
     ratio_up: float = 0.25  # added when a preemption is seen
     ratio_decay: float = 0.98  # multiplied per admission without preemption
+    length_memory: int = 1  # batches whose final lengths seed the next batch's length model
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -51,6 +52,8 @@ class AdmissionConfig:
             raise ValueError(f"{name}.policy must be 'capacity' or 'static', got {self.policy!r}")
         if self.reserve not in ("estimate", "budget"):
             raise ValueError(f"{name}.reserve must be 'estimate' or 'budget', got {self.reserve!r}")
+        if self.length_memory < 1:
+            raise ValueError(f"{name}.length_memory must be >= 1, got {self.length_memory}")
         if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max:
             raise ValueError(f"{name}: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max")
 

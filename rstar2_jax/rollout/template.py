@@ -68,6 +68,8 @@ class TemplateConfig:
     max_response_chars: int = 256  # tool response text, middle-truncated
     max_turns: int = 5  # assistant turns per trajectory
     report_exec_time: bool = True  # "execution time: X.XXs" in success responses; False = reproducible text
+    # generation stops at these (besides EOS): single tokens become stop ids, others stop strings
+    stop_markers: tuple[str, ...] = ("</tool_call>", "<|im_end|>")
 
     def __post_init__(self) -> None:
         if self.max_response_chars < len(TRUNCATION_MARK) + 2:

@@ -16,6 +16,7 @@ from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig, render_prompt
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+from rstar2_jax.rollout.score import score
 from rstar2_jax.sampling import EngineConfig, EngineStats, PagedEngine
 from rstar2_jax.tokenizer import ByteTokenizer
 
@@ -54,7 +55,9 @@ def _engines(policy, ecfg=ECFG):
 def _rollout(policy, pool, policy_name, problems=PROBLEMS, ecfg=ECFG):
     engines = _engines(policy, ecfg)
     cfg = RolloutConfig(n_samples=G, budget=BUDGET, template=TPL, tool_timeout_s=1.0, policy=policy_name)
-    return Dispatcher(engines, pool, TOK, RewardFn(pool=pool).batch, cfg).run(problems, seed=0), engines
+    res = Dispatcher(engines, pool, TOK, cfg).run(problems, seed=0)
+    score(res.trajectories, RewardFn(pool=pool).batch)
+    return res, engines
 
 
 def _assert_clean(res, engines):
@@ -125,6 +128,6 @@ class _CrashingEngine:
 
 def test_engine_crash_is_raised_not_a_hang():
     cfg = RolloutConfig(n_samples=2, budget=8, template=TPL)
-    d = Dispatcher([_CrashingEngine()], None, TOK, lambda turns, golds: [], cfg)
+    d = Dispatcher([_CrashingEngine()], None, TOK, cfg)
     with pytest.raises(RuntimeError, match="engine 0 crashed: ValueError: boom"):
         d.run(PROBLEMS[:1])

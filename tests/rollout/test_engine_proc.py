@@ -14,6 +14,7 @@ import pytest
 
 from rstar2_jax.rollout import TemplateConfig
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+from rstar2_jax.rollout.score import score
 from rstar2_jax.rollout.engine_proc import ProcessEngine
 from rstar2_jax.sampling import Request
 from rstar2_jax.sandbox import CodeResult
@@ -197,7 +198,8 @@ class _P:
 def _rollout(engines):
     cfg = RolloutConfig(n_samples=2, budget=400, template=TPL)
     problems = [_P(n) for n in ("tool1", "plain", "tool3", "tool4")]
-    res = Dispatcher(engines, _InstantPool(), TOK, _reward, cfg).run(problems)
+    res = Dispatcher(engines, _InstantPool(), TOK, cfg).run(problems)
+    score(res.trajectories, _reward)
     return [(t.uid, t.problem_id, t.response_tokens, t.loss_mask, t.sampler_logprobs, t.turns,
              [(r.status, r.code) for r in t.tools], t.done_reason, t.reward) for t in res.trajectories]
 

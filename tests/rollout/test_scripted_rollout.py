@@ -8,6 +8,7 @@ import pytest
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig, tool_response_segment
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+from rstar2_jax.rollout.score import score
 from rstar2_jax.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
 
@@ -45,8 +46,9 @@ class P:
 def run(pool, names, *, budget=400, honor_stops=True, n=1):
     eng = ScriptedEngine(TOK, script, honor_stops=honor_stops)
     cfg = RolloutConfig(n_samples=n, budget=budget, template=TPL, tool_timeout_s=0.5)
-    d = Dispatcher([eng], pool, TOK, RewardFn(pool=pool).batch, cfg)
+    d = Dispatcher([eng], pool, TOK, cfg)
     res = d.run([P(nm, nm) for nm in names])
+    score(res.trajectories, RewardFn(pool=pool).batch)
     return res, eng
 
 

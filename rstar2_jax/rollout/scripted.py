@@ -1,0 +1,96 @@
+"""A scripted policy over a real engine: the engine computes, the script decides the tokens.
+
+``ScriptedPolicy(engine, script)`` implements the ``Engine`` protocol around a ``PagedEngine``.
+Each turn the real engine decodes exactly as many tokens as ``script(prompt, child, turn)`` returns
+(KV pages, slots, prefill/extend chunks, tool pauses and preemption all real); the stop event then
+carries the script's ids, with reason ``stop_token``. The sampler log-probs it reports are the real
+engine's for the tokens it drew, not for the script's: train on such rollouts with
+``old_logp_source="recompute"``.
+
+Use: a dry-run whose random policy would never earn a reward (so RoC would drop every group and
+no update would run) gets rollouts with a known mix of right and wrong answers, and the whole
+rollout -> score -> RoC -> update path runs for real.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+from rstar2_jax.sampling.engine import PagedEngine
+from rstar2_jax.sampling.interface import EngineStats, Request, StopEvent
+
+Script = Callable[[tuple[int, ...], int, int], Sequence[int]]  # (prompt ids, child index, turn) -> ids
+
+
+class ScriptedPolicy:
+    """See the module docstring. A turn longer than the segment's budget is cut (reason
+    ``max_new_tokens``, the script's first ids)."""
+
+    def __init__(self, engine: PagedEngine, script: Script):
+        self.engine, self.script = engine, script
+        self._state: dict[int, list] = {}  # seq_id -> [prompt, child, turn, this turn's ids]
+
+    @property
+    def page_size(self) -> int:
+        return self.engine.page_size
+
+    @property
+    def usable_pages(self) -> int:
+        return self.engine.usable_pages
+
+    @property
+    def max_seq_len(self) -> int:
+        return self.engine.max_seq_len
+
+    @property
+    def params(self) -> Any:
+        return self.engine.params
+
+    def _turn(self, prompt: tuple[int, ...], child: int, turn: int) -> list[int]:
+        ids = [int(t) for t in self.script(prompt, child, turn)]
+        if not ids:
+            raise ValueError(f"ScriptedPolicy: empty turn {turn} for child {child}")
+        return ids
+
+    def submit(self, request: Request) -> int:
+        return self.submit_group(request, 1)[0]
+
+    def submit_group(self, request: Request, n: int) -> list[int]:
+        prompt = tuple(int(t) for t in request.prompt)
+        turns = [self._turn(prompt, i, 0) for i in range(n)]
+        lens = [min(len(t), request.max_new_tokens) for t in turns]
+        req = dataclasses.replace(request, stop_token_ids=(), stop_strings=(), max_new_tokens=max(lens))
+        ids = self.engine.submit_group(req, n, child_max_new_tokens=lens)
+        for i, s in enumerate(ids):
+            self._state[s] = [prompt, i, 0, turns[i]]
+        return ids
+
+    def resume(self, seq_id: int, appended_tokens: Sequence[int] = (), *, max_new_tokens: int) -> None:
+        st = self._state[seq_id]
+        st[2] += 1
+        st[3] = self._turn(st[0], st[1], st[2])
+        self.engine.resume(seq_id, appended_tokens, max_new_tokens=min(len(st[3]), max_new_tokens))
+
+    def release(self, seq_id: int) -> None:
+        self._state.pop(seq_id, None)
+        self.engine.release(seq_id)
+
+    def step(self) -> list[StopEvent]:
+        out = []
+        for ev in self.engine.step():
+            ids = self._state[ev.seq_id][3]
+            if len(ev.tokens) == len(ids):
+                out.append(StopEvent(ev.seq_id, list(ids), ev.logprobs, "stop_token", ids[-1]))
+            else:  # the budget cut the turn
+                out.append(StopEvent(ev.seq_id, list(ids[: len(ev.tokens)]), ev.logprobs, "max_new_tokens"))
+        return out
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def set_params(self, params: Any) -> None:
+        self.engine.set_params(params)

@@ -1,0 +1,113 @@
+"""Learner + Rollout + rl_step: 2G rollouts per problem, RoC keeps G of the mixed groups, one update on
+them; the result equals the pre-redesign RLTrainer's (tests/golden/learner_scripted.json)."""
+
+import json
+import math
+import re
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rstar2_jax.config import ModelConfig
+from rstar2_jax.learner import Learner, LearnerConfig
+from rstar2_jax.loop import positive_tool_error_rate, rl_step
+from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.rewards import RewardFn
+from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
+from rstar2_jax.rl.train_step import init_train_state
+from rstar2_jax.rollout import TemplateConfig
+from rstar2_jax.rollout.dispatcher import RolloutConfig
+from rstar2_jax.rollout.service import Rollout
+from rstar2_jax.sandbox import SandboxLimits, SandboxPool
+from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.utils.compiles import CompileCounter
+from tests.rollout.fakes import ScriptedEngine
+
+TOK = ByteTokenizer()
+CALL = "<tool_call>" + json.dumps({"name": "python_code_with_standard_io",
+                                   "arguments": {"code": "print(6*7)", "input": ""}}) + "</tool_call>"
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "learner_scripted.json").read_text())
+
+
+def script(prompt, child, turn):
+    """Problem "allright" is always solved, "mixed" by even children only, "never" never. Every third
+    child's tool call is a syntax error; child 3 writes an extra answer first (p_format > 0)."""
+    name = re.search(r"<\|im_start\|>user\n(\w+)", TOK.decode(prompt)).group(1)
+    if turn == 0:
+        return "go" + CALL if child % 3 else "go" + CALL.replace("6*7", "6*")
+    right = name == "allright" or (name == "mixed" and child % 2 == 0)
+    extra = "<answer>0</answer>" if child == 3 else ""
+    return f"ok{extra}</reason><answer>\\boxed{{{42 if right else 41}}}</answer><|im_end|>"
+
+
+class P:
+    def __init__(self, name):
+        self.id = self.problem = name
+        self.answer = "42"
+
+
+PROBLEMS = [P("allright"), P("mixed"), P("never"), P("mixed")]
+
+
+def _close(a, b, path=""):
+    if isinstance(a, float) or isinstance(b, float):
+        if a is None or b is None or (isinstance(a, float) and math.isnan(a)):
+            assert a is None and (b is None or math.isnan(b)) or a == b, (path, a, b)
+        else:
+            assert b == pytest.approx(a, rel=1e-5, abs=1e-7), (path, a, b)
+    else:
+        assert a == b, (path, a, b)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    limits = SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=2048, preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
+    with SandboxPool(workers=2, limits=limits) as p:
+        yield p
+
+
+@pytest.mark.parametrize("mode", ["paper", "deterministic", "none"])
+def test_roc_keeps_g_of_mixed_groups_updates_and_matches_golden(mode, pool):
+    g_keep, two_g = 2, 4
+    cfg = ModelConfig.tiny(vocab_size=TOK.vocab_size)
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    rl = RLConfig(roc=RocConfig(keep_per_group=g_keep, mode=mode), optim=OptimConfig(lr=1e-3, warmup_steps=0),
+                  logprob_chunk_size=64)
+    engine = ScriptedEngine(TOK, script)
+    rollout = Rollout([engine], pool, TOK, RolloutConfig(n_samples=two_g, budget=300, template=TemplateConfig.toy(report_exec_time=False)))
+    learner = Learner(graphdef, init_train_state(params, rl, 0), LearnerConfig(rl=rl, seq_len=512, rows=3 * g_keep),
+                      pad_id=TOK.pad_id)
+    rollout.sync(learner.params)
+    compiles = CompileCounter()
+    rows = []
+    for step in range(2):
+        metrics, res = rl_step(rollout, learner, RewardFn(pool=pool).batch, PROBLEMS, seed=step, compiles=compiles)
+        rows.append(metrics)
+        assert metrics["n_sampled"] == 4 * two_g  # 2G generated per problem
+        assert metrics["n_kept"] == 2 * g_keep  # G trained for each of the 2 mixed groups; uniform groups dropped
+        assert all(t.tools and t.tools[0].status in ("ok", "runtime_error") for t in res.trajectories)  # real runs
+        assert metrics["reward"] == pytest.approx((4 + 2 + 0 + 2) / 16)
+        assert math.isfinite(metrics["train/loss"]) and int(learner.state.step) == step + 1
+        assert engine.params is learner.params  # synced after the update
+    assert rows[1]["compiles"] == 0  # the update is compiled once
+    # the dispatcher lives across steps: the second batch's length model starts from the first's lengths
+    assert (rows[0]["length_model_n"], rows[1]["length_model_n"]) == (16, 16 + 16)
+    # behaviour unchanged by the redesign: the same metrics and weights as the old RLTrainer
+    gold = GOLDEN[mode]
+    for got, want in zip(rows, gold["steps"]):
+        for k, v in want.items():
+            _close(v, got[k], f"{mode}:{k}")
+    psum = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree_util.tree_leaves(learner.params)))
+    assert psum == pytest.approx(gold["param_abs_sum"], rel=1e-6)
+
+
+def test_positive_tool_error_rate():
+    class T:
+        def __init__(self, reward, statuses):
+            self.reward, self.tools = reward, [type("R", (), {"status": s}) for s in statuses]
+
+    assert positive_tool_error_rate([T(1, ["ok", "timeout"]), T(0, ["runtime_error"]), T(1, [])]) == 0.5
+    assert math.isnan(positive_tool_error_rate([T(0, ["ok"])]))
