@@ -104,7 +104,8 @@ class RLTrainer:
         sub = [trajs[i] for i in ok]
         rewards = np.asarray([t.reward for t in sub], np.float64)
         groups = np.asarray([t.group_id for t in sub])
-        pt = p_total([t.roc_record() for t in sub], use_p_err=roc.use_p_err, use_p_format=roc.use_p_format)
+        pt = p_total([t.roc_record() for t in sub], use_p_err=roc.use_p_err, use_p_format=roc.use_p_format,
+                     penalties=roc.penalties)
         kept_sub = roc_downsample(rewards, groups, pt, roc.keep_per_group, seed, roc.mode,
                                   min_per_class=roc.min_per_class, eps=roc.eps)
         adv_cfg = self.cfg.rl.advantage

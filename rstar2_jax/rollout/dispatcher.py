@@ -149,7 +149,7 @@ class Dispatcher:
         self.ratio = AdaptiveRatio(cfg.reserve_ratio, cfg.reserve_ratio_min, cfg.reserve_ratio_max,
                                    cfg.ratio_up, cfg.ratio_decay)
         self.model = LengthModel(cfg.budget, cfg.prior_weight, lengths) if cfg.reserve == "estimate" else None
-        self.stop_ids = tuple(sorted({tokenizer.eos_id, *self._ids("<|im_end|>", "</tool_call>")}))
+        self.stop_ids = tuple(sorted({tokenizer.eos_id, *self._ids(*cfg.template.stop_markers)}))
 
     def _ids(self, *tokens: str) -> list[int]:
         out = []
@@ -161,7 +161,7 @@ class Dispatcher:
         return out
 
     def _request(self, prompt: list[int], key: int, max_new: int) -> Request:
-        strings = tuple(s for s in ("</tool_call>", "<|im_end|>") if not self._ids(s))
+        strings = tuple(s for s in self.cfg.template.stop_markers if not self._ids(s))
         return Request(prompt=prompt, key=key, max_new_tokens=max_new, sampler=self.cfg.sampler,
                        stop_token_ids=self.stop_ids, stop_strings=strings)
 
