@@ -79,7 +79,8 @@ class FormatStats:
         if self.n_answer_pairs > min(self.n_answer_open, self.n_answer_close):
             raise ValueError("FormatStats.n_answer_pairs cannot exceed the open or close tag count")
         if self.response is not None and not isinstance(self.response, ResponseStats):
-            raise ValueError(f"FormatStats.response must be a ResponseStats or None, got {type(self.response).__name__}")
+            raise ValueError("FormatStats.response must be a ResponseStats or None, "
+                             f"got {type(self.response).__name__}")
 
 
 def split_turns(text: str, tags: Tags = DEFAULT_TAGS) -> list[str]:

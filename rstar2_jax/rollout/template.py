@@ -140,13 +140,16 @@ class TemplateConfig:
         if self.max_turns < 1:
             raise ValueError(f"TemplateConfig.max_turns must be >= 1, got {self.max_turns}")
         if self.tool_schema not in TOOL_SCHEMAS:
-            raise ValueError(f"TemplateConfig.tool_schema must be one of {tuple(TOOL_SCHEMAS)}, got {self.tool_schema!r}")
+            raise ValueError(f"TemplateConfig.tool_schema must be one of {tuple(TOOL_SCHEMAS)}, "
+                             f"got {self.tool_schema!r}")
         if self.tool_protocol not in TOOL_PROTOCOLS:
-            raise ValueError(f"TemplateConfig.tool_protocol must be one of {TOOL_PROTOCOLS}, got {self.tool_protocol!r}")
+            raise ValueError(f"TemplateConfig.tool_protocol must be one of {TOOL_PROTOCOLS}, "
+                             f"got {self.tool_protocol!r}")
         if not isinstance(self.tags, Tags):
             raise ValueError(f"TemplateConfig.tags must be a Tags, got {type(self.tags).__name__}")
-        if not isinstance(self.stop_markers, tuple) or not all(isinstance(s, str) and s for s in self.stop_markers):
-            raise ValueError(f"TemplateConfig.stop_markers must be a tuple of non-empty strings, got {self.stop_markers!r}")
+        markers = self.stop_markers
+        if not isinstance(markers, tuple) or not all(isinstance(s, str) and s for s in markers):
+            raise ValueError(f"TemplateConfig.stop_markers must be a tuple of non-empty strings, got {markers!r}")
         if not isinstance(self.segment_prefix, str) or not isinstance(self.user_prefix, str):
             raise ValueError("TemplateConfig.segment_prefix and user_prefix must be strings")
 

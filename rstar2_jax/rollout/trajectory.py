@@ -134,7 +134,8 @@ class Trajectory:
 
     def roc_record(self, tags: Tags = DEFAULT_TAGS) -> "RocRecord":
         """Transitional (the scoring stage will build records): ``RocRecord.from_format`` of this
-        trajectory's ``format_stats``. Imported lazily: rollout/ does not depend on rl/."""
+        trajectory's ``format_stats`` (both penalty modes' counts). Imports are lazy, so importing
+        rollout/ does not import rl/."""
         from rstar2_jax.rewards.format import format_stats
         from rstar2_jax.rl.penalties import RocRecord
         return RocRecord.from_format(format_stats(self.turns, self.appended_texts, tags=tags),

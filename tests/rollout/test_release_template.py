@@ -46,7 +46,8 @@ GOLDEN_PROMPT = (
     "here </answer>. And your final answer will be extracted automatically by the \\boxed{} tag.\nThis is the "
     "problem:\n" + PROBLEM + "<|im_end|>\n<|im_start|>assistant\n<reason>"
 )
-CALL = '<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(6*7)", "input": ""}}\n</tool_call>'
+CALL = ('<tool_call>\n{"name": "python_code_with_standard_io", "arguments": {"code": "print(6*7)", "input": ""}}\n'
+        '</tool_call>')
 TURN1 = "I will compute it.\n" + CALL + "<|im_end|>"  # the model's own <|im_end|> ends the turn (trained)
 TOOL_TEXT = "Tool call success\nstdout: 42\n\nexecution time: 0.01s"  # no stderr line: stderr was empty
 SEGMENT = ("<|im_start|>user\n<tool_response>\n" + TOOL_TEXT + "\n</tool_response><|im_end|>\n"
@@ -60,8 +61,8 @@ def _ok(stdout="", stderr="", status="ok", duration=0.0123):
 
 
 def _traj(cfg, budget=4000):
-    return Trajectory(uid=0, group_id=0, problem_id="p", gold="42", prompt_tokens=TOK.encode(render_prompt(PROBLEM, cfg)),
-                      budget=budget)
+    return Trajectory(uid=0, group_id=0, problem_id="p", gold="42",
+                      prompt_tokens=TOK.encode(render_prompt(PROBLEM, cfg)), budget=budget)
 
 
 def test_release_prompt_is_golden():
@@ -91,7 +92,8 @@ def test_default_template_unchanged():
     assert render_prompt("Q", TemplateConfig.toy()) == ("<|im_start|>system\nSolve with python. Answer in \\boxed{}."
                                                         "<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
                                                         "<|im_start|>assistant\n<reason>")
-    assert render_tool_result(_ok(stdout="42\n"), cfg) == "Tool call success\nstdout: 42\n\nstderr: \nexecution time: 0.01s"
+    assert render_tool_result(_ok(stdout="42\n"), cfg) == \
+        "Tool call success\nstdout: 42\n\nstderr: \nexecution time: 0.01s"
 
 
 @pytest.mark.parametrize("result,text", [
