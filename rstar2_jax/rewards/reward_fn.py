@@ -8,8 +8,8 @@ from typing import Any, Sequence
 
 from rstar2_jax.rewards.extract import EXTRACTION_MODES, extract_answer
 from rstar2_jax.rewards.format import format_stats, split_turns
-from rstar2_jax.tags import DEFAULT_TAGS
 from rstar2_jax.rewards.verify import verify_batch
+from rstar2_jax.tags import DEFAULT_TAGS
 
 Trajectory = str | Sequence[str]  # full assistant text, or its per-turn assistant texts
 
