@@ -1,4 +1,4 @@
-"""The toy task (DESIGN.md s.9): short math problems that need computation, not insight.
+"""The toy task (docs/design.md §10): short math problems that need computation, not insight.
 
 A tiny model cannot multiply two 4-digit numbers or take ``3^123 mod 1000`` in its head, but one
 line of Python can, so tool use is what makes the problems solvable. Each problem carries its exact

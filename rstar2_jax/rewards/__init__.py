@@ -8,9 +8,9 @@ down in ``rstar2_jax.rewards.equivalence``.
 
 from .equivalence import Verdict, check
 from .extract import Extraction, extract_answer, find_boxes
-from .format import FormatStats, format_stats
+from .format import FormatStats, ResponseStats, format_stats
 from .reward_fn import RewardFn
 from .verify import VerifyResult, close_default_pool, default_pool, verify_batch
 
-__all__ = ["Extraction", "FormatStats", "RewardFn", "Verdict", "VerifyResult", "check", "close_default_pool",
+__all__ = ["Extraction", "FormatStats", "ResponseStats", "RewardFn", "Verdict", "VerifyResult", "check", "close_default_pool",
            "default_pool", "extract_answer", "find_boxes", "format_stats", "verify_batch"]

@@ -1,6 +1,7 @@
 """Final-answer extraction: the content of the last ``\\boxed{...}`` of the final answer.
 
-Rules (DESIGN section 4):
+Two modes (docs/design.md §4): ``"strict"`` (the default, below) and ``"release"`` (the released
+recipe's rules on the whole response, ``extract_release``). Strict rules:
 
 * The final answer region is the content of the last ``<answer>...</answer>`` block (to the end of
   the text when that last block is not closed); without answer tags, the paragraph (text between
@@ -10,6 +11,10 @@ Rules (DESIGN section 4):
   ``\\boxed{\\boxed{5}}`` is ``5``. A box whose braces never close is ignored.
 * Several *different* boxes in the final answer region -> ``status="conflicting"`` (wrong).
 * No box -> ``status="no_box"``, no answer. There is never a fallback to the last number.
+
+``"release"``: the whole response text (tool output included, chat tokens dropped), PRIME's
+``match_answer``: answer markers, the last box, then tail heuristics; ``status="ok"`` when it
+matched, else ``"fallback"`` with the text the release would grade anyway.
 """
 
 from __future__ import annotations
@@ -17,11 +22,14 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from rstar2_jax.rewards.extract_release import match_answer, release_text
 from rstar2_jax.rewards.normalize import matching_braces
+from rstar2_jax.tags import DEFAULT_TAGS, Tags
 
-STATUSES = ("ok", "no_box", "conflicting")
+STATUSES = ("ok", "no_box", "conflicting", "fallback")  # "fallback": release mode, nothing matched
+ANSWERED = ("ok", "fallback")  # statuses that carry an answer to grade
+EXTRACTION_MODES = ("strict", "release")
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
-_ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,8 +43,8 @@ class Extraction:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"Extraction.status must be one of {STATUSES}, got {self.status!r}")
-        if (self.answer is None) != (self.status != "ok"):
-            raise ValueError("Extraction.answer is set exactly when status is 'ok'")
+        if (self.answer is None) != (self.status not in ANSWERED):
+            raise ValueError(f"Extraction.answer is set exactly when status is one of {ANSWERED}")
 
 
 def _box_at(text: str, match: re.Match[str]) -> tuple[str, int] | None:
@@ -100,12 +108,12 @@ def find_boxes(text: str) -> list[str]:
         pos = box[1]
 
 
-def answer_region(text: str) -> str:
+def answer_region(text: str, tags: Tags = DEFAULT_TAGS) -> str:
     """The final-answer region of a trajectory's assistant text (module docstring)."""
-    start = text.rfind(_ANSWER_OPEN)
+    start = text.rfind(tags.answer_open)
     if start >= 0:
-        body = text[start + len(_ANSWER_OPEN):]
-        end = body.find(_ANSWER_CLOSE)
+        body = text[start + len(tags.answer_open):]
+        end = body.find(tags.answer_close)
         return body if end < 0 else body[:end]
     matches = list(_BOX.finditer(text))
     if not matches:
@@ -119,9 +127,15 @@ def answer_region(text: str) -> str:
     return text[para_start + 1 if para_start >= 0 else 0:para_end if para_end >= 0 else len(text)]
 
 
-def extract_answer(text: str) -> Extraction:
-    """Extract the final answer of one trajectory's assistant text (module docstring)."""
-    boxes = find_boxes(answer_region(text))
+def extract_answer(text: str, mode: str = "strict", *, tags: Tags = DEFAULT_TAGS) -> Extraction:
+    """Extract the final answer of one trajectory's assistant text ("strict") or whole response
+    text ("release"); module docstring."""
+    if mode == "release":
+        matched, answer, box = match_answer(release_text(text, tags))
+        return Extraction(answer=answer, status="ok" if matched else "fallback", boxes=(box,) if box else ())
+    if mode != "strict":
+        raise ValueError(f"extract_answer mode must be one of {EXTRACTION_MODES}, got {mode!r}")
+    boxes = find_boxes(answer_region(text, tags))
     if not boxes:
         return Extraction(answer=None, status="no_box")
     distinct = {re.sub(r"\s+", "", b) for b in boxes}

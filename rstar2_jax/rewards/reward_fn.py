@@ -6,9 +6,10 @@ import dataclasses
 import time
 from typing import Any, Sequence
 
-from rstar2_jax.rewards.extract import extract_answer
+from rstar2_jax.rewards.extract import EXTRACTION_MODES, extract_answer
 from rstar2_jax.rewards.format import format_stats, split_turns
 from rstar2_jax.rewards.verify import verify_batch
+from rstar2_jax.tags import DEFAULT_TAGS
 
 Trajectory = str | Sequence[str]  # full assistant text, or its per-turn assistant texts
 
@@ -21,17 +22,25 @@ class RewardFn:
     ``status``/``reason`` (``verify.py``), ``correct``, ``verify_s`` (the check's own time),
     ``time_s`` (wall time of the whole call, shared by a batch) and ``format`` (``FormatStats``,
     the counts behind GRPO-RoC's ``p_format``).
+
+    ``extraction`` (docs/design.md §4): "strict" grades the last box of the final ``<answer>`` of the
+    assistant turns; "release" grades what the released recipe extracts from the whole text it is
+    given (``extract_release``): pass the whole response (``Trajectory.response_text``, tool output
+    included) as one string for the release's behaviour; per-turn texts are joined without tool text.
     """
 
     timeout_s: float = 5.0  # hard limit per check (killed from outside)
     pool: Any = dataclasses.field(default=None, compare=False, repr=False)  # SandboxPool; None: default_pool()
     chunk_size: int = 8  # checks per sandbox call
+    extraction: str = "strict"  # "strict" | "release" (extract.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
             raise ValueError(f"RewardFn.timeout_s must be > 0, got {self.timeout_s!r}")
         if not isinstance(self.chunk_size, int) or self.chunk_size < 1:
             raise ValueError(f"RewardFn.chunk_size must be a positive int, got {self.chunk_size!r}")
+        if self.extraction not in EXTRACTION_MODES:
+            raise ValueError(f"RewardFn.extraction must be one of {EXTRACTION_MODES}, got {self.extraction!r}")
 
     def __call__(self, trajectory: Trajectory, gold: str) -> tuple[float, dict]:
         return self.batch([trajectory], [gold])[0]
@@ -42,7 +51,10 @@ class RewardFn:
             raise ValueError(f"RewardFn.batch got {len(trajectories)} trajectories but {len(golds)} golds")
         start = time.perf_counter()
         turns = [split_turns(t) if isinstance(t, str) else list(t) for t in trajectories]
-        extractions = [extract_answer("\n".join(t)) for t in turns]
+        if self.extraction == "release":
+            extractions = [extract_answer(_response(t), "release") for t in trajectories]
+        else:
+            extractions = [extract_answer("\n".join(t)) for t in turns]
         verdicts = verify_batch([e.answer for e in extractions], list(golds), self.timeout_s,
                                 pool=self.pool, chunk_size=self.chunk_size)
         elapsed = time.perf_counter() - start
@@ -53,3 +65,11 @@ class RewardFn:
                     "verify_s": verdict.duration_s, "time_s": elapsed, "format": format_stats(t)}
             out.append((1.0 if verdict.correct else 0.0, info))
         return out
+
+
+def _response(trajectory: Trajectory) -> str:
+    """The response part of a text (after the first assistant header, if any) or the joined turns."""
+    if not isinstance(trajectory, str):
+        return "".join(trajectory)
+    start = trajectory.find(DEFAULT_TAGS.assistant_header)
+    return trajectory if start < 0 else trajectory[start + len(DEFAULT_TAGS.assistant_header):]

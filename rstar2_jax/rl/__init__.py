@@ -11,7 +11,7 @@ import importlib
 
 from rstar2_jax.rl.advantages import group_advantages, token_advantages
 from rstar2_jax.rl.config import AdvantageConfig, LossConfig, OptimConfig, RLConfig, RocConfig
-from rstar2_jax.rl.penalties import RocRecord, p_err, p_format, p_total, stack_records
+from rstar2_jax.rl.penalties import RocRecord, p_err, p_format, p_format_release, p_total, stack_records
 from rstar2_jax.rl.roc import roc_class_counts, roc_downsample
 
 _LAZY = {
@@ -31,6 +31,6 @@ def __getattr__(name: str):
 
 __all__ = [
     "AdvantageConfig", "LossConfig", "OptimConfig", "RLConfig", "RocConfig", "RocRecord",
-    "group_advantages", "token_advantages", "p_err", "p_format", "p_total", "stack_records",
+    "group_advantages", "token_advantages", "p_err", "p_format", "p_format_release", "p_total", "stack_records",
     "roc_class_counts", "roc_downsample", *_LAZY,
 ]

@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 ROC_MODES = ("paper", "deterministic", "none")
+PENALTY_MODES = ("paper", "release")  # definitions of p_err / p_format (rl/penalties.py)
 AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 OLD_LOGP_SOURCES = ("recompute", "sampler")
 
@@ -25,6 +26,9 @@ class RocConfig:
 
     Positives are kept with probability ∝ 1 / (p_total + ε) (paper) or lowest p_total first
     (``mode="deterministic"``, the released code); negatives uniformly (or in rollout order).
+    ``penalties`` picks the p_err / p_format definitions (docs/design.md §5): "paper" (sandbox
+    statuses, assistant-text tags, all assistant turns) or "release" (the released code's counts over
+    the decoded response: "error" in <tool_response> blocks, turns after the first).
     """
 
     keep_per_group: int = 16  # G: rollouts kept per problem (2G = 32 sampled in the paper)
@@ -33,12 +37,14 @@ class RocConfig:
     eps: float = 1e-3  # ε in the positive weight w_i = 1 / (p_total_i + ε)
     use_p_err: bool = True  # include p_err in p_total (release flag roc_error_ratio)
     use_p_format: bool = True  # include p_format in p_total (release flag roc_answer_format)
+    penalties: str = "paper"  # "paper" | "release": how p_err and p_format are counted
 
     def __post_init__(self):
         _check(self.mode in ROC_MODES, f"mode must be one of {ROC_MODES}, got {self.mode!r}")
         _check(self.keep_per_group >= 1, f"keep_per_group (G) must be >= 1, got {self.keep_per_group}")
         _check(self.min_per_class >= 0, f"min_per_class must be >= 0, got {self.min_per_class}")
         _check(self.eps > 0, f"eps must be > 0, got {self.eps}")
+        _check(self.penalties in PENALTY_MODES, f"penalties must be one of {PENALTY_MODES}, got {self.penalties!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -13,7 +13,7 @@ rollouts uniformly at random, classes ignored (the ablation baseline).
 
 Where this differs from the release on purpose: groups with N <= G are kept whole (the release
 drops N < G and keeps N = G); negatives in ``deterministic`` mode are taken in rollout order as
-DESIGN §5 asks (the release sorts them by their own penalty too, stably); the release's "keep the
+docs/design.md §5 says (the release sorts them by their own penalty too, stably); the release's "keep the
 whole group when both classes fall below the minimum" branch (reachable only for G < 4) is
 replaced by a total split (``roc_class_counts``).
 

@@ -4,19 +4,23 @@ A trajectory owns its token stream: the prompt ids, then alternately the sampled
 assistant turn (loss mask 1, sampler log-probs) and the tokenized tool-response segment (mask 0).
 One token budget covers the whole response, tool tokens included. At most ``max_turns`` assistant
 turns; only the first tool call of a turn runs. It knows nothing about engines or pools: the
-rollout loop feeds it generated tokens and tool results.
+rollout loop feeds it generated tokens and tool results. Tags, stop behaviour and tool texts come
+from the ``TemplateConfig`` (docs/design.md §3).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rstar2_jax.rl.penalties import RocRecord
 from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, find_tool_call, parse_tool_call,
                                          render_tool_result, tool_response_segment)
+from rstar2_jax.tags import DEFAULT_TAGS, Tags
 from rstar2_jax.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from rstar2_jax.rl.penalties import RocRecord
 
 
 class Status(enum.Enum):
@@ -50,6 +54,7 @@ class Trajectory:
     loss_mask: list[int] = dataclasses.field(default_factory=list)  # 1 sampled, 0 appended
     sampler_logprobs: list[float] = dataclasses.field(default_factory=list)
     turns: list[str] = dataclasses.field(default_factory=list)  # assistant text of each turn
+    appended_texts: list[str] = dataclasses.field(default_factory=list)  # text of each appended segment
     tools: list[ToolRecord] = dataclasses.field(default_factory=list)
     status: Status = Status.GENERATING
     done_reason: str | None = None
@@ -66,6 +71,12 @@ class Trajectory:
     def assistant_text(self) -> str:
         return "".join(self.turns)
 
+    @property
+    def response_text(self) -> str:
+        """The whole response: each turn's text followed by the segment appended after it."""
+        from rstar2_jax.rewards.format import join_response
+        return join_response(self.turns, self.appended_texts)
+
     def finish(self, reason: str, error: str | None = None) -> None:
         assert reason in DONE_REASONS, reason
         self.status, self.done_reason, self.error, self.pending_call = Status.DONE, reason, error, None
@@ -79,8 +90,11 @@ class Trajectory:
         self.sampler_logprobs.extend(float(x) for x in logprobs)
         text = tokenizer.decode(tokens)
         self.turns.append(text)
-        body = find_tool_call(text)
-        if "</answer>" in text and (body is None or text.rfind("</answer>") > text.find("</tool_call>")):
+        tags = cfg.tags
+        body = find_tool_call(text, tags)  # found with or without the model's <|im_end|> after it
+        answered = tags.answer_close in text and (
+            body is None or text.rfind(tags.answer_close) > text.find(tags.tool_call_close))
+        if answered and (body is None or cfg.end_on_answer):
             self.finish("answer")  # an answer after (or without) the tool call ends the trajectory
         elif hit_length:
             self.finish("budget")
@@ -91,7 +105,7 @@ class Trajectory:
         elif len(self.turns) >= cfg.max_turns:
             self.finish("max_turns")  # a tool call in the last allowed turn is not run
         else:
-            self.pending_call = parse_tool_call(body)
+            self.pending_call = parse_tool_call(body, cfg)
             self.status = Status.WAITING_TOOL
 
     def on_tool_result(self, result: Any, latency_s: float, tokenizer: Tokenizer,
@@ -106,18 +120,23 @@ class Trajectory:
             self.tools.append(ToolRecord(DECODE_ERROR, 0.0))
         else:
             self.tools.append(ToolRecord(result.status, latency_s, call.code if isinstance(call, ToolCall) else ""))
-        segment = tokenizer.encode(tool_response_segment(render_tool_result(result, cfg)))
+        text = tool_response_segment(render_tool_result(result, cfg), cfg)
+        segment = tokenizer.encode(text)
         if len(segment) >= self.remaining:  # no room for the response and at least one more token
             self.finish("budget")
             return None
+        self.appended_texts.append(text)
         self.response_tokens.extend(segment)
         self.loss_mask.extend([0] * len(segment))
         self.sampler_logprobs.extend([0.0] * len(segment))
         self.pending_call, self.status = None, Status.GENERATING
         return segment
 
-    def roc_record(self) -> RocRecord:
-        text = self.assistant_text
-        return RocRecord.from_tool_statuses(
-            [t.status for t in self.tools], n_answer_open=text.count("<answer>"),
-            n_answer_close=text.count("</answer>"), n_turns=len(self.turns))
+    def roc_record(self, tags: Tags = DEFAULT_TAGS) -> "RocRecord":
+        """Transitional (the scoring stage will build records): ``RocRecord.from_format`` of this
+        trajectory's ``format_stats`` (both penalty modes' counts). Imports are lazy, so importing
+        rollout/ does not import rl/."""
+        from rstar2_jax.rewards.format import format_stats
+        from rstar2_jax.rl.penalties import RocRecord
+        return RocRecord.from_format(format_stats(self.turns, self.appended_texts, tags=tags),
+                                     [t.status for t in self.tools])
