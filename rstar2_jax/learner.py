@@ -40,10 +40,10 @@ class LearnerConfig:
 
 
 def roc_record(t: Trajectory) -> RocRecord:
-    """What RoC needs of a trajectory: its tool statuses and answer-tag / turn counts."""
-    text = t.assistant_text
-    return RocRecord.from_tool_statuses([r.status for r in t.tools], n_answer_open=text.count("<answer>"),
-                                        n_answer_close=text.count("</answer>"), n_turns=len(t.turns))
+    """What RoC needs of a scored trajectory: its tool statuses and its ``format`` statistics."""
+    if t.format is None:
+        raise ValueError(f"trajectory {t.uid} has no format statistics: score it first (rollout.score)")
+    return RocRecord.from_format(t.format, [r.status for r in t.tools])
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -75,7 +75,8 @@ class Learner:
         sub = [trajs[i] for i in ok]
         rewards = np.asarray([t.reward for t in sub], np.float64)
         groups = np.asarray([t.group_id for t in sub])
-        pt = p_total([roc_record(t) for t in sub], use_p_err=roc.use_p_err, use_p_format=roc.use_p_format)
+        pt = p_total([roc_record(t) for t in sub], use_p_err=roc.use_p_err, use_p_format=roc.use_p_format,
+                     penalties=roc.penalties)
         kept_sub = roc_downsample(rewards, groups, pt, roc.keep_per_group, seed, roc.mode,
                                   min_per_class=roc.min_per_class, eps=roc.eps)
         adv_cfg = self.cfg.rl.advantage

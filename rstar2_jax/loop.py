@@ -36,7 +36,7 @@ def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     rewards = np.asarray([t.reward for t in trajs], np.float64)
     pos = [t for t in trajs if t.reward > 0]
     pf = p_format(**{k: v for k, v in stack_records([roc_record(t) for t in pos]).items()
-                     if k in ("n_answer_open", "n_answer_close", "n_turns")}) if pos else None
+                     if k in ("n_answer_open", "n_answer_close", "n_turns")}) if pos else None  # paper's p_format
     return {
         "reward": float(rewards.mean()) if len(trajs) else 0.0,
         "tool_calls_per_traj": float(np.mean([len(t.tools) for t in trajs])) if trajs else 0.0,
@@ -57,7 +57,7 @@ def rl_step(rollout: Rollout, learner: Learner, reward_fn: RewardBatchFn, proble
     t0 = time.perf_counter()
     res = rollout.generate(problems, seed=seed, budget=budget, show_progress=show_progress)
     t1 = time.perf_counter()
-    sc = score(res.trajectories, reward_fn)
+    sc = score(res.trajectories, reward_fn, tags=rollout.cfg.template.tags)
     t2 = time.perf_counter()
     m, sel = learner.update(res.trajectories, seed)
     t3 = time.perf_counter()

@@ -37,20 +37,28 @@ def test_bad_command_line_values_are_clear_errors(argv, match, capsys):
 
 
 @pytest.mark.slow
-def test_short_demo_writes_every_metric(tmp_path):
-    summary = toy_tool_math.main(TINY + ["--out", str(tmp_path)])
+def test_short_demo_writes_every_metric_and_matches_the_golden(tmp_path):
+    summary = toy_tool_math.main(TINY + ["--rl-steps", "3", "--exec-time", "0", "--out", str(tmp_path)])
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
         for k in STEP_KEYS:
             assert k in r and r[k] is not None and math.isfinite(r[k]), (k, r.get(k))
         assert r["n_sampled"] == 2 * 2 * 2  # problems x 2G generated
         assert r["n_kept"] <= 2 * 2  # at most G per problem trained (uniform groups dropped)
     assert sum(r["tool_calls_executed"] for r in rows[1:]) > 0  # real tool calls ran in the sandbox
+    # one learner and one rollout service for the run: nothing compiles from the third RL step on
+    assert rows[3]["compiles"] == 0, [r.get("compiles") for r in rows]
     for name in ("metrics.png", "summary.json", "eval_sft.jsonl", "config.json"):
         assert (tmp_path / name).exists(), name
     assert (tmp_path / "checkpoint").exists()
     assert math.isfinite(summary["delta_acc"])
+    # behaviour unchanged by the learner/rollout redesign: the metrics recorded before it (timing aside)
+    golden = [json.loads(x) for x in (ROOT / "tests" / "golden" / "demo_short_metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == len(golden)
+    for got, want in zip(rows, golden):
+        for k, v in want.items():
+            assert got[k] == (pytest.approx(v, rel=1e-6) if isinstance(v, float) else v), (got["step"], k)
 
 
 def _run(out: Path, extra=()):

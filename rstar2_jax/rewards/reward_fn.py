@@ -7,7 +7,7 @@ import time
 from typing import Any, Sequence
 
 from rstar2_jax.rewards.extract import EXTRACTION_MODES, extract_answer
-from rstar2_jax.rewards.format import format_stats, split_turns
+from rstar2_jax.rewards.format import split_turns
 from rstar2_jax.rewards.verify import verify_batch
 from rstar2_jax.tags import DEFAULT_TAGS
 
@@ -20,8 +20,8 @@ class RewardFn:
 
     ``info`` holds ``answer`` (extracted box content or None), ``extract_status`` (``extract.py``),
     ``status``/``reason`` (``verify.py``), ``correct``, ``verify_s`` (the check's own time),
-    ``time_s`` (wall time of the whole call, shared by a batch) and ``format`` (``FormatStats``,
-    the counts behind GRPO-RoC's ``p_format``).
+    ``time_s`` (wall time of the whole call, shared by a batch). Format statistics are not here: the
+    rollout's scoring stage computes them once per trajectory (``rollout.score``).
 
     ``extraction`` (docs/design.md §4): "strict" grades the last box of the final ``<answer>`` of the
     assistant turns; "release" grades what the released recipe extracts from the whole text it is
@@ -62,7 +62,7 @@ class RewardFn:
         for t, extraction, verdict in zip(turns, extractions, verdicts):
             info = {"answer": extraction.answer, "extract_status": extraction.status,
                     "status": verdict.status, "reason": verdict.reason, "correct": verdict.correct,
-                    "verify_s": verdict.duration_s, "time_s": elapsed, "format": format_stats(t)}
+                    "verify_s": verdict.duration_s, "time_s": elapsed}
             out.append((1.0 if verdict.correct else 0.0, info))
         return out
 

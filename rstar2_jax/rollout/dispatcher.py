@@ -89,8 +89,8 @@ class Dispatcher:
         self.ledger = AdmissionLedger(cfg, cfg.budget, [EngineShape(e.page_size, e.usable_pages) for e in engines],
                                       lengths)
         markers = (tokenizer.eos_id, *cfg.template.stop_markers)
-        self._stop_ids = tuple(sorted({i for m in markers if (i := self._id(m)) is not None}))
-        self._stop_strings = tuple(m for m in cfg.template.stop_markers if self._id(m) is None)
+        self.stop_ids = tuple(sorted({i for m in markers if (i := self._id(m)) is not None}))
+        self.stop_strings = tuple(m for m in cfg.template.stop_markers if self._id(m) is None)
 
     def _id(self, marker: int | str) -> int | None:
         if isinstance(marker, int):
@@ -201,7 +201,7 @@ class Dispatcher:
             self._mark[t.uid] = self._clock[e]
         self.ledger.on_submit(e, g, len(g.prompt), [t.uid for t in g.trajs])
         request = Request(prompt=g.prompt, key=g.key, max_new_tokens=self._budget, sampler=self.cfg.sampler,
-                          stop_token_ids=self._stop_ids, stop_strings=self._stop_strings)
+                          stop_token_ids=self.stop_ids, stop_strings=self.stop_strings)
         self.workers[e].commands.put(SubmitGroup(g, request, len(g.trajs)))
 
     # -- events ------------------------------------------------------------------------------------

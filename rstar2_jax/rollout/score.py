@@ -1,10 +1,14 @@
 """The scoring stage: outcome rewards of finished trajectories, in one batch, outside the
 dispatcher's scheduling code.
 
-``score(trajectories, reward_fn)`` sets each trajectory's ``reward`` and ``reward_info`` (errored
-trajectories keep reward 0 and are not verified). ``reward_fn`` is batched,
+``score(trajectories, reward_fn, tags=...)`` sets each trajectory's ``format`` (``FormatStats`` of
+its turns and appended tool texts: computed here once, the single source of RoC's ``p_err`` /
+``p_format`` in both penalty modes and of the format metrics), ``reward`` and ``reward_info``
+(errored trajectories keep reward 0 and are not verified). ``reward_fn`` is batched,
 ``reward_fn(turns_per_traj, golds) -> [(reward, info)]`` (``rewards.RewardFn.batch``: verification
-with hard timeouts in the sandbox pool's processes).
+with hard timeouts in the sandbox pool's processes); ``whole_response=True`` passes each
+trajectory's whole response text instead (tool output included: the release's grading, with
+``RewardFn(extraction="release")``).
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ import dataclasses
 import time
 from typing import Callable, Sequence
 
+from rstar2_jax.rewards.format import format_stats
 from rstar2_jax.rollout.trajectory import Trajectory
+from rstar2_jax.tags import DEFAULT_TAGS, Tags
 
 RewardBatchFn = Callable[[list[list[str]], list[str]], list[tuple[float, dict]]]
 
@@ -24,11 +30,15 @@ class ScoreStats:
     seconds: float  # wall time of the batch
 
 
-def score(trajectories: Sequence[Trajectory], reward_fn: RewardBatchFn) -> ScoreStats:
-    """Reward every trajectory that did not error (see the module docstring)."""
+def score(trajectories: Sequence[Trajectory], reward_fn: RewardBatchFn, *, tags: Tags = DEFAULT_TAGS,
+          whole_response: bool = False) -> ScoreStats:
+    """Format statistics and the reward of every trajectory that did not error (module docstring)."""
     todo = [t for t in trajectories if t.done_reason != "error"]
     t0 = time.perf_counter()
-    results = reward_fn([list(t.turns) for t in todo], [t.gold for t in todo]) if todo else []
+    for t in todo:
+        t.format = format_stats(t.turns, t.appended_texts, tags=tags)
+    texts = [t.response_text if whole_response else list(t.turns) for t in todo]
+    results = reward_fn(texts, [t.gold for t in todo]) if todo else []
     if len(results) != len(todo):
         raise ValueError(f"score: reward_fn returned {len(results)} results for {len(todo)} trajectories")
     for t, (r, info) in zip(todo, results):

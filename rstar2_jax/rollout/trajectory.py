@@ -12,15 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, find_tool_call, parse_tool_call,
                                          render_tool_result, tool_response_segment)
-from rstar2_jax.tags import DEFAULT_TAGS, Tags
+from rstar2_jax.rewards.format import FormatStats
 from rstar2_jax.tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from rstar2_jax.rl.penalties import RocRecord
 
 
 class Status(enum.Enum):
@@ -62,6 +59,7 @@ class Trajectory:
     pending_call: ToolCall | ToolCallError | None = None
     reward: float = 0.0
     reward_info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    format: FormatStats | None = None  # set by the scoring stage: the one source of p_format and its metrics
 
     @property
     def remaining(self) -> int:
@@ -131,12 +129,3 @@ class Trajectory:
         self.sampler_logprobs.extend([0.0] * len(segment))
         self.pending_call, self.status = None, Status.GENERATING
         return segment
-
-    def roc_record(self, tags: Tags = DEFAULT_TAGS) -> "RocRecord":
-        """Transitional (the scoring stage will build records): ``RocRecord.from_format`` of this
-        trajectory's ``format_stats`` (both penalty modes' counts). Imports are lazy, so importing
-        rollout/ does not import rl/."""
-        from rstar2_jax.rewards.format import format_stats
-        from rstar2_jax.rl.penalties import RocRecord
-        return RocRecord.from_format(format_stats(self.turns, self.appended_texts, tags=tags),
-                                     [t.status for t in self.tools])

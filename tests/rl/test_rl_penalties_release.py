@@ -51,8 +51,12 @@ def run(turns, results=(), cfg=REL, budget=4000):
     return t
 
 
+def record(t):
+    return RocRecord.from_format(format_stats(t.turns, t.appended_texts), [x.status for x in t.tools])
+
+
 def penalties(t):
-    rec = RocRecord.from_format(format_stats(t.turns, t.appended_texts), [x.status for x in t.tools])
+    rec = record(t)
     return float(p_total([rec], penalties="release")[0]), float(p_total([rec], penalties="paper")[0])
 
 
@@ -137,7 +141,7 @@ def test_paper_mode_from_format_is_todays_record():
     text = t.assistant_text
     today = RocRecord.from_tool_statuses([x.status for x in t.tools], n_answer_open=text.count("<answer>"),
                                          n_answer_close=text.count("</answer>"), n_turns=len(t.turns))
-    new = t.roc_record()
+    new = record(t)
     assert {k: v.tolist() for k, v in stack_records([new]).items()} == \
         {k: v.tolist() for k, v in stack_records([today]).items()}
     assert new.n_response_turns == 1 and new.n_tool_responses == 1

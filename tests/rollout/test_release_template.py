@@ -192,6 +192,7 @@ def test_the_release_jinja_template_renders_the_goldens():
 def test_dispatcher_stops_at_the_template_markers(pool):
     from rstar2_jax.rewards import RewardFn
     from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+    from rstar2_jax.rollout.score import score
     from tests.rollout.fakes import ScriptedEngine
 
     class P:
@@ -204,8 +205,10 @@ def test_dispatcher_stops_at_the_template_markers(pool):
     for name, cfg in [("release", TemplateConfig.release(report_exec_time=False)), ("default", TemplateConfig())]:
         eng = ScriptedEngine(TOK, script, honor_stops=True)
         rc = RolloutConfig(n_samples=1, budget=2000, template=cfg, tool_timeout_s=2.0)
-        d = Dispatcher([eng], pool, TOK, RewardFn(pool=pool).batch, rc)
-        runs[name] = (d.stop_ids, d.run([P()]).trajectories[0])
+        d = Dispatcher([eng], pool, TOK, rc)
+        trajs = d.run([P()]).trajectories
+        score(trajs, RewardFn(pool=pool).batch, tags=cfg.tags)
+        runs[name] = (d.stop_ids, trajs[0])
     stop_ids, t = runs["release"]
     assert stop_ids == tuple(sorted({TOK.eos_id, TOK.token_id("<|im_end|>")}))
     assert t.turns == [TURN1, TURN2] and t.done_reason == "answer" and t.reward == 1.0

@@ -8,6 +8,7 @@ import pytest
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig, tool_response_segment
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+from rstar2_jax.learner import roc_record
 from rstar2_jax.rollout.score import score
 from rstar2_jax.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
@@ -77,7 +78,7 @@ def test_valid_tool_call_then_answer(pool):
     assert t.response_tokens == turn0 + seg + TOK.encode(ANSWER)
     assert t.loss_mask == [1] * len(turn0) + [0] * len(seg) + [1] * len(TOK.encode(ANSWER))
     assert t.sampler_logprobs[len(turn0)] == 0.0 and t.sampler_logprobs[0] == -0.5
-    rec = t.roc_record()
+    rec = roc_record(t)
     assert (rec.n_tool_calls, rec.n_tool_errors, rec.n_answer_open, rec.n_answer_close, rec.n_turns) == (1, 0, 1, 1, 2)
     assert eng.released == [0] and res.metrics["tool_calls"] == 1
 
@@ -87,7 +88,7 @@ def test_malformed_json_becomes_decode_error_response(pool):
     (t,) = res.trajectories
     assert "Failed to decode tool call: invalid JSON" in TOK.decode(segment_tokens(t, 0))
     assert [r.status for r in t.tools] == ["decode_error"]
-    assert t.roc_record().n_tool_errors == 1 and t.done_reason == "answer"
+    assert roc_record(t).n_tool_errors == 1 and t.done_reason == "answer"
 
 
 def test_only_first_of_two_tool_calls_runs(pool):
@@ -123,7 +124,7 @@ def test_tool_timeout_is_an_error_for_roc(pool):
     (t,) = res.trajectories
     assert [r.status for r in t.tools] == ["timeout"]
     assert "Tool call failure\nreason: execution timed out" in TOK.decode(segment_tokens(t, 0))
-    assert t.done_reason == "answer" and t.roc_record().n_tool_errors == 1
+    assert t.done_reason == "answer" and roc_record(t).n_tool_errors == 1
 
 
 def test_bad_problems_fail_alone_and_batch_continues(pool):
