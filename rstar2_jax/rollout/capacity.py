@@ -1,4 +1,4 @@
-"""Capacity bookkeeping shared by the dispatcher and its simulation (pure host code, no JAX).
+"""Capacity arithmetic behind the admission ledger (``rollout.ledger``; pure host code, no JAX).
 
 The dispatcher cannot know how long a trajectory will run, so it forecasts the KV pages each
 engine will hold over the next tokens and admits a group only if the forecast peak, scaled by an
@@ -11,7 +11,7 @@ adaptive ratio, stays within the pool:
   gives a live trajectory at ``u`` tokens the chance ``S(u + tau) / S(u)`` to be alive ``tau``
   tokens later. The live ones matter: early in a batch only short trajectories have finished, and
   a histogram of those alone would promise that everything ends soon.
-* ``usage(u, base)``: a trajectory's expected pages over the grid ``tau = 0, Z, 2Z, ..., B``
+* ``forecast``: for one trajectory, its expected pages over the grid ``tau = 0, Z, 2Z, ..., B``
   (``f64[B // Z + 1]``): ``S(u + tau) / S(u) * ceil((base + min(u + tau + Z, B)) / Z)`` (alive at
   ``tau``, it may hold one more page before the next grid point); ``base`` = its private prompt
   tokens. Summing these over an engine's live trajectories forecasts its expected
@@ -141,11 +141,6 @@ def forecast(model: LengthModel | None, used: Sequence[int] | np.ndarray, base: 
     return (alive * pages).sum(0), var
 
 
-def usage(model: LengthModel | None, used: int, base: int, budget: int, page_size: int) -> np.ndarray:
-    """Expected pages of one trajectory (``forecast``'s mean; see the module docstring)."""
-    return forecast(model, [used], [base], budget, page_size)[0]
-
-
 @dataclasses.dataclass
 class AdaptiveRatio:
     """Reservation scale: ``+up`` per preemption seen, ``*decay`` per admission, clamped to [lo, hi]."""
@@ -161,11 +156,6 @@ class AdaptiveRatio:
 
     def on_admission(self) -> None:
         self.value = max(self.lo, self.value * self.decay)
-
-
-def group_usage(model: LengthModel | None, prompt_len: int, n: int, budget: int, page_size: int) -> np.ndarray:
-    """Expected pages of a new ``n``-sample group: shared full prompt pages plus ``n`` samples."""
-    return prompt_len // page_size + n * usage(model, 0, prompt_len % page_size, budget, page_size)
 
 
 def fits(mean: np.ndarray, var: np.ndarray, sample: tuple[np.ndarray, np.ndarray], shared: int, n: int,

@@ -4,12 +4,13 @@ It replays scripted trajectories (sampled tokens per turn; tool latency and appe
 each call) on ``n_engines`` simulated engines that follow ``PagedEngine``'s rules, under the
 dispatcher's two policies (``rstar2_jax.rollout.dispatcher``):
 
-* ``"capacity"``: the dispatcher's rules and code (``rstar2_jax.rollout.capacity``): forecast
-  pages per engine from its live trajectories' progress (here exact) and the online length model,
-  head group to the engine with the most capacity if it fits ``ratio * (mean + sigma * sd)``, an
-  empty engine takes the part that fits; ``ratio`` decays per admission and rises on a preemption
-  (``SimPolicy``).
-* ``"static"``: groups split evenly (contiguous) and all handed to their engine at once.
+* ``"capacity"``: the dispatcher's own admission code, the ``AdmissionLedger``
+  (``rstar2_jax.rollout.ledger``): forecast pages per engine from its live trajectories' progress
+  (here exact) and the online length model, head group to the engine with the most capacity if it
+  fits ``ratio * (mean + sigma * sd)``, an empty engine takes the part that fits; ``ratio`` decays
+  per admission and rises on a preemption (``SimPolicy``).
+* ``"static"``: groups split evenly (contiguous, ``AdmissionLedger.static_split``) and all handed
+  to their engine at once.
 
 Engine model (both policies): at most ``num_slots`` sequences sit in slots; a step gives each
 decoding sequence one token and feeds one ``prefill_chunk`` to each of the ``prefill_rows`` oldest
@@ -36,9 +37,8 @@ import heapq
 import math
 from typing import Sequence
 
-import numpy as np
-
-from rstar2_jax.rollout.capacity import AdaptiveRatio, AdmissionConfig, LengthModel, fits, forecast
+from rstar2_jax.rollout.capacity import AdmissionConfig
+from rstar2_jax.rollout.ledger import AdmissionLedger, EngineShape
 
 _EPS = 1e-9
 
@@ -128,142 +128,106 @@ class _Seq:
         self.resp = 0  # response tokens at its last turn boundary
         self.tool = False  # waiting for a tool
 
+    @property
+    def progress(self) -> int:
+        """Response tokens used so far (what the ledger forecasts from; exact here)."""
+        return self.resp if self.tool else self.resp + int(self.spec.turns[self.turn] - self.dec)
+
 
 class _Group:
-    __slots__ = ("prompt_len", "shared", "seqs", "sharers", "live")
+    __slots__ = ("prompt_len", "shared", "seqs", "sharers", "__weakref__")
 
     def __init__(self, prompt_len: int, page_size: int):
         self.prompt_len = prompt_len
         self.shared = (prompt_len // page_size) * page_size  # full prompt pages, held once
         self.seqs: list[_Seq] = []
         self.sharers = 0
-        self.live = 0
 
     @staticmethod
     def make(g: SimGroup, idx: int, page_size: int) -> "_Group":
         out = _Group(g.prompt_len, page_size)
         out.seqs = [_Seq(t, out, (idx, i)) for i, t in enumerate(g.trajs)]
-        out.live = len(out.seqs)
         return out
 
     def split(self, k: int, page_size: int) -> tuple["_Group", "_Group"]:
         """The first ``k`` samples and the rest, as two groups (each shares its own prompt pages)."""
         parts = (_Group(self.prompt_len, page_size), _Group(self.prompt_len, page_size))
         for part, seqs in zip(parts, (self.seqs[:k], self.seqs[k:])):
-            part.seqs, part.live = seqs, len(seqs)
+            part.seqs = seqs
             for s in seqs:
                 s.group = part
         return parts
 
 
 class _Eng:
-    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "curve",
-                 "shared", "live", "finish", "seqs", "var", "kv_s")
+    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "finish", "kv_s")
 
     def __init__(self):
         self.active: list[_Seq] = []
         self.queue: list[tuple] = []  # heap of (order, seq): strict FIFO by submission order
         self.holders: set[_Seq] = set()
         self.t_last = self.busy = self.row_s = self.used = self.peak = self.finish = self.kv_s = 0.0
-        self.version = self.shared = self.live = 0
-        self.curve = self.var = 0.0  # forecast pages of its live trajectories and their variance
-        self.seqs: dict[tuple[int, int], _Seq] = {}  # its live trajectories
+        self.version = 0
 
 
-def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, budget: int,
-             policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = ()) -> SimResult:
-    """Run every trajectory to its end; see the module docstring for the model. ``lengths``:
-    earlier batches' final response lengths, seeding the length model (as ``Dispatcher``'s)."""
-    z, c = engine.page_size, engine.prefill_chunk
-    cap_tokens = engine.usable_pages * z
-    slack = (z - 1) / 2  # mean unused tail of a sequence's last page
-    for g in groups:
-        if g.prompt_len + budget + slack > cap_tokens:
-            raise ValueError(f"simulate: a sequence of {g.prompt_len} + {budget} tokens never fits one engine")
-    engs = [_Eng() for _ in range(n_engines)]
-    gs = [_Group.make(g, i, z) for i, g in enumerate(groups)]
-    pending = list(reversed(gs))  # capacity: groups not yet admitted (pop from the end)
-    heap: list[tuple] = []
-    counter = 0
-    n_left = sum(len(g.seqs) for g in gs)
-    ratio = AdaptiveRatio(policy.reserve_ratio, policy.reserve_ratio_min, policy.reserve_ratio_max,
-                          policy.ratio_up, policy.ratio_decay)
-    model = LengthModel(budget, policy.prior_weight, lengths) if policy.reserve == "estimate" else None
-    stats = dict(preemptions=0, recomputed=0.0)
+class Simulator:
+    """One simulated batch (see the module docstring): ``Simulator(...).run()`` -> ``SimResult``.
+    Admission is an ``AdmissionLedger``'s, the same class and calls as the real dispatcher's."""
 
-    def push(t: float, kind: str, obj) -> None:
-        nonlocal counter
-        counter += 1
-        heapq.heappush(heap, (t, counter, kind, obj))
+    def __init__(self, groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, budget: int,
+                 policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = ()):
+        self.z, self.c, self.engine, self.budget, self.policy = engine.page_size, engine.prefill_chunk, engine, budget, policy
+        self.cap_tokens = engine.usable_pages * self.z
+        self.slack = (self.z - 1) / 2  # mean unused tail of a sequence's last page
+        for g in groups:
+            if g.prompt_len + budget + self.slack > self.cap_tokens:
+                raise ValueError(f"simulate: a sequence of {g.prompt_len} + {budget} tokens never fits one engine")
+        self.n_engines = n_engines
+        self.engs = [_Eng() for _ in range(n_engines)]
+        self.gs = [_Group.make(g, i, self.z) for i, g in enumerate(groups)]
+        self.pending = list(reversed(self.gs))  # capacity: groups not yet admitted (pop from the end)
+        self.heap: list[tuple] = []
+        self.counter = 0
+        self.n_left = sum(len(g.seqs) for g in self.gs)
+        self.ledger = AdmissionLedger(policy, budget, [EngineShape(self.z, engine.usable_pages)] * n_engines, lengths)
+        self.ledger.new_batch(budget, progress=lambda s: s.progress)
+        self.preemptions, self.recomputed = 0, 0.0
 
-    # -- the dispatcher's view --------------------------------------------------------------------
-    def progress(s: _Seq) -> int:
-        return s.resp if s.tool else s.resp + int(s.spec.turns[s.turn] - s.dec)
+    def push(self, t: float, kind: str, obj) -> None:
+        self.counter += 1
+        heapq.heappush(self.heap, (t, self.counter, kind, obj))
 
-    def refresh(e: _Eng) -> None:
-        """The dispatcher's forecast from its live trajectories' progress (the engine's, exactly);
-        the static policy never reads one."""
-        if policy.policy == "static":
-            return
-        ss = list(e.seqs.values())
-        used = [progress(s) for s in ss]
-        if model is not None:
-            for s, u in zip(ss, used):
-                model.track(id(s), u)
-        e.curve, e.var = forecast(model, used, [s.group.prompt_len % z for s in ss], budget, z,
-                                  [id(s.group) for s in ss])
-
-    def account(e: _Eng, s: _Seq, live: bool) -> None:
-        if live:
-            e.seqs[s.order] = s
-        else:
-            e.seqs.pop(s.order, None)
-        refresh(e)
-
-    def capacity(e: _Eng) -> float:
-        sd = policy.reserve_sigma * np.sqrt(e.var)
-        return engine.usable_pages - ratio.value * float(np.max(e.curve + e.shared + sd))
-
-    def submit(g: _Group, idx: int, now: float) -> None:
-        e = engs[idx]
-        advance(e, now)
-        e.shared += g.prompt_len // z
-        e.live += len(g.seqs)
+    # -- the dispatcher's side: the ledger ----------------------------------------------------------
+    def submit(self, g: _Group, idx: int, now: float) -> None:
+        e = self.engs[idx]
+        self.advance(e, now)
         for s in g.seqs:
             s.engine = idx
-            e.seqs[s.order] = s
             heapq.heappush(e.queue, (s.order, s))
-        refresh(e)
-        reschedule(idx, now)
+        self.ledger.on_submit(idx, g, g.prompt_len, g.seqs)
+        self.reschedule(idx, now)
 
-    def admit(now: float) -> None:
-        while pending:
-            caps = [capacity(e) for e in engs]
-            idx = max(range(n_engines), key=caps.__getitem__)
-            g, e = pending[-1], engs[idx]
-            advance(e, now)
-            refresh(e)  # the others' forecasts are as of their last turn boundary
-            sample = forecast(model, [0], [g.prompt_len % z], budget, z)
-            k = fits(e.curve + e.shared, e.var, sample, g.prompt_len // z, len(g.seqs), ratio.value,
-                     policy.reserve_sigma, engine.usable_pages)
-            if k < len(g.seqs):
-                if e.live:
-                    return  # wait for memory
-                k = max(k, 1)  # an empty engine takes the part of the group that fits
-                if k < len(g.seqs):
-                    head, rest = g.split(k, z)
-                    pending[-1] = rest
-                    pending.append(head)
-            submit(pending.pop(), idx, now)
-            ratio.on_admission()
+    def admit(self, now: float) -> None:
+        while self.pending:
+            g = self.pending[-1]
+            for e in self.engs:  # the ledger reads progress as of now
+                self.advance(e, now)
+            place = self.ledger.place(g.prompt_len, len(g.seqs))
+            if place is None:
+                return  # wait for memory
+            if place.take < len(g.seqs):  # an empty engine takes the part of the group that fits
+                head, rest = g.split(place.take, self.z)
+                self.pending[-1] = rest
+                self.pending.append(head)
+            self.submit(self.pending.pop(), place.engine, now)
 
     # -- the engine ---------------------------------------------------------------------------------
-    def advance(e: _Eng, now: float) -> None:
+    def advance(self, e: _Eng, now: float) -> None:
         e.kv_s += (now - e.t_last) * e.used  # KV x time (growth within the interval added below)
         if e.active:
             dt = now - e.t_last
-            fed, decoders = lanes(e)
-            steps = dt / engine.step_s(len(decoders) + len(fed), len(fed))
+            fed, decoders = self.lanes(e)
+            steps = dt / self.engine.step_s(len(decoders) + len(fed), len(fed))
             for s in fed:  # events fall where a fed row's prefill ends: it never turns decoder mid-interval
                 s.pre = max(s.pre - steps, 0.0)
             for s in decoders:
@@ -277,33 +241,34 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
             e.peak = max(e.peak, e.used)
         e.t_last = now
 
-    def lanes(e: _Eng) -> tuple[list[_Seq], list[_Seq]]:
+    def lanes(self, e: _Eng) -> tuple[list[_Seq], list[_Seq]]:
         """The sequences fed a chunk this step (the ``prefill_rows`` oldest with uncached tokens) and
         the decoding ones."""
-        fed = sorted((s for s in e.active if s.pre > _EPS), key=lambda s: s.order)[:engine.prefill_rows]
+        fed = sorted((s for s in e.active if s.pre > _EPS), key=lambda s: s.order)[:self.engine.prefill_rows]
         return fed, [s for s in e.active if s.pre <= _EPS]
 
+    @staticmethod
     def private(s: _Seq) -> float:
         return s.total - (s.group.shared if s.shares else 0)
 
-    def alloc_need(s: _Seq) -> float:
+    def alloc_need(self, s: _Seq) -> float:
         """KV tokens that admitting ``s`` to a slot adds now (all its tokens must be held)."""
         first_sharer = s.mem == 0 and s.shares and s.group.sharers == 0
-        return private(s) + slack - s.mem + (s.group.shared if first_sharer else 0)
+        return self.private(s) + self.slack - s.mem + (s.group.shared if first_sharer else 0)
 
-    def hold(e: _Eng, s: _Seq) -> None:
+    def hold(self, e: _Eng, s: _Seq) -> None:
         if s.mem == 0:
             e.holders.add(s)
             if s.shares:
                 if s.group.sharers == 0:
                     e.used += s.group.shared
                 s.group.sharers += 1
-        n = private(s) + slack - s.mem
+        n = self.private(s) + self.slack - s.mem
         s.mem += n
         e.used += n
         e.peak = max(e.peak, e.used)
 
-    def free(e: _Eng, s: _Seq) -> None:
+    def free(self, e: _Eng, s: _Seq) -> None:
         e.used -= s.mem
         s.mem = 0.0
         e.holders.discard(s)
@@ -313,111 +278,116 @@ def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, b
             if s.group.sharers == 0:
                 e.used -= s.group.shared
 
-    def preempt(e: _Eng, exclude: _Seq | None = None) -> bool:
+    def preempt(self, e: _Eng, exclude: _Seq | None = None) -> bool:
         """Free the newest holder's KV; it recomputes everything when it next gets a slot."""
         victims = [s for s in e.holders if s is not exclude]
         if not victims:
             return False
         v = max(victims, key=lambda s: s.order)
-        stats["preemptions"] += 1
-        stats["recomputed"] += v.total - v.uncached
-        ratio.on_preemption()  # the dispatcher sees it
+        self.preemptions += 1
+        self.recomputed += v.total - v.uncached
+        self.ledger.on_preemptions(1)  # the dispatcher sees it
         v.uncached = v.total
-        free(e, v)
+        self.free(e, v)
         if v in e.active:
             e.active.remove(v)
             heapq.heappush(e.queue, (v.order, v))
         return True
 
-    def fill(e: _Eng) -> None:
-        while e.queue and len(e.active) < engine.num_slots:
+    def fill(self, e: _Eng) -> None:
+        while e.queue and len(e.active) < self.engine.num_slots:
             s = e.queue[0][1]
             # Room for its tokens plus one per active sequence (a step's growth): an exact fit would be
             # preempted again at the same instant.
-            if e.used + alloc_need(s) + len(e.active) > cap_tokens + _EPS:
-                if not e.active and preempt(e, exclude=s):
+            if e.used + self.alloc_need(s) + len(e.active) > self.cap_tokens + _EPS:
+                if not e.active and self.preempt(e, exclude=s):
                     continue  # only paused sequences hold memory: make room
                 return  # strict FIFO: wait for memory
             heapq.heappop(e.queue)
-            hold(e, s)
-            s.pre = float(math.ceil(s.uncached / c - _EPS))
+            self.hold(e, s)
+            s.pre = float(math.ceil(s.uncached / self.c - _EPS))
             s.uncached = 0.0
             e.active.append(s)
 
-    def reschedule(idx: int, now: float) -> None:
-        e = engs[idx]
-        fill(e)
+    def reschedule(self, idx: int, now: float) -> None:
+        e = self.engs[idx]
+        self.fill(e)
         e.version += 1
         if not e.active:
             return
-        fed, decoders = lanes(e)
+        fed, decoders = self.lanes(e)
         k = min([s.pre for s in fed] + [s.dec for s in decoders])
         if decoders:
-            k = min(k, max(cap_tokens - e.used, 0.0) / len(decoders))
-        push(now + max(k, 0.0) * engine.step_s(len(decoders) + len(fed), len(fed)), "engine", (idx, e.version))
+            k = min(k, max(self.cap_tokens - e.used, 0.0) / len(decoders))
+        self.push(now + max(k, 0.0) * self.engine.step_s(len(decoders) + len(fed), len(fed)), "engine",
+                  (idx, e.version))
 
-    def end_turn(e: _Eng, s: _Seq, now: float) -> bool:
+    def end_turn(self, idx: int, s: _Seq, now: float) -> bool:
+        e = self.engs[idx]
         s.resp += s.spec.turns[s.turn]
         if s.turn < len(s.spec.turns) - 1:
             s.tool = True
-            account(e, s, True)
-            push(now + s.spec.tool_s[s.turn], "tool", s)
+            self.ledger.on_progress(idx, s)
+            self.push(now + s.spec.tool_s[s.turn], "tool", s)
             return False
-        account(e, s, False)
-        if model is not None:
-            model.add(s.resp)
-            model.track(id(s), None)
-        free(e, s)
-        e.live -= 1
+        self.ledger.on_finish(idx, s, s.resp)
+        self.free(e, s)
         e.finish = now
-        s.group.live -= 1
-        if s.group.live == 0:
-            e.shared -= s.group.prompt_len // z
         return True
 
-    if policy.policy == "static":
-        for i, g in enumerate(gs):
-            submit(g, i * n_engines // len(gs), 0.0)
-        pending.clear()
-    else:
-        admit(0.0)
-    now = 0.0
-    while n_left:
-        if not heap:
-            raise RuntimeError("simulate: no event left but trajectories unfinished")
-        now, _, kind, obj = heapq.heappop(heap)
-        if kind == "engine":
-            idx, version = obj
-            e = engs[idx]
-            if version != e.version:
-                continue  # superseded by a later change of the active set
-            advance(e, now)
-            ended = [s for s in e.active if s.pre <= _EPS and s.dec <= _EPS]
-            e.active = [s for s in e.active if not (s.pre <= _EPS and s.dec <= _EPS)]
-            done = sum(end_turn(e, s, now) for s in ended)
-            n_left -= done
-            if e.active and cap_tokens - e.used <= _EPS and any(s.pre <= _EPS for s in e.active):
-                preempt(e)  # a decoder needs a page and none is free
-            reschedule(idx, now)
-            if done and pending:
-                admit(now)
-        else:  # a tool answered: the response is appended and the next turn queues
-            s = obj
-            e = engs[s.engine]
-            advance(e, now)
-            s.resp += s.spec.appended[s.turn]
-            s.total += s.spec.appended[s.turn]
-            s.uncached += s.spec.appended[s.turn]
-            s.turn += 1
-            s.dec = float(s.spec.turns[s.turn])
-            s.tool = False
-            account(e, s, True)
-            heapq.heappush(e.queue, (s.order, s))
-            reschedule(s.engine, now)
-    return SimResult(makespan_s=float(now), finish_s=[float(e.finish) for e in engs],
-                     busy_s=[float(e.busy) for e in engs],
-                     idle_fraction=[1 - e.busy / now if now else 0.0 for e in engs],
-                     mean_rows=[e.row_s / e.busy if e.busy else 0.0 for e in engs],
-                     peak_pages=[float(e.peak) / z for e in engs],
-                     mean_pages=[e.kv_s / now / z if now else 0.0 for e in engs], preemptions=stats["preemptions"],
-                     recomputed_tokens=float(stats["recomputed"]))
+    # -- the event loop -----------------------------------------------------------------------------
+    def run(self) -> SimResult:
+        if self.policy.policy == "static":
+            for g, idx in zip(self.gs, self.ledger.static_split(len(self.gs))):
+                self.submit(g, idx, 0.0)
+            self.pending.clear()
+        else:
+            self.admit(0.0)
+        now = 0.0
+        while self.n_left:
+            if not self.heap:
+                raise RuntimeError("simulate: no event left but trajectories unfinished")
+            now, _, kind, obj = heapq.heappop(self.heap)
+            if kind == "engine":
+                idx, version = obj
+                e = self.engs[idx]
+                if version != e.version:
+                    continue  # superseded by a later change of the active set
+                self.advance(e, now)
+                ended = [s for s in e.active if s.pre <= _EPS and s.dec <= _EPS]
+                e.active = [s for s in e.active if not (s.pre <= _EPS and s.dec <= _EPS)]
+                done = sum(self.end_turn(idx, s, now) for s in ended)
+                self.n_left -= done
+                if e.active and self.cap_tokens - e.used <= _EPS and any(s.pre <= _EPS for s in e.active):
+                    self.preempt(e)  # a decoder needs a page and none is free
+                self.reschedule(idx, now)
+                if done and self.pending:
+                    self.admit(now)
+            else:  # a tool answered: the response is appended and the next turn queues
+                s = obj
+                e = self.engs[s.engine]
+                self.advance(e, now)
+                s.resp += s.spec.appended[s.turn]
+                s.total += s.spec.appended[s.turn]
+                s.uncached += s.spec.appended[s.turn]
+                s.turn += 1
+                s.dec = float(s.spec.turns[s.turn])
+                s.tool = False
+                self.ledger.on_progress(s.engine, s)
+                heapq.heappush(e.queue, (s.order, s))
+                self.reschedule(s.engine, now)
+        engs, z = self.engs, self.z
+        return SimResult(makespan_s=float(now), finish_s=[float(e.finish) for e in engs],
+                         busy_s=[float(e.busy) for e in engs],
+                         idle_fraction=[1 - e.busy / now if now else 0.0 for e in engs],
+                         mean_rows=[e.row_s / e.busy if e.busy else 0.0 for e in engs],
+                         peak_pages=[float(e.peak) / z for e in engs],
+                         mean_pages=[e.kv_s / now / z if now else 0.0 for e in engs], preemptions=self.preemptions,
+                         recomputed_tokens=float(self.recomputed))
+
+
+def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, budget: int,
+             policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = ()) -> SimResult:
+    """Run every trajectory to its end; see the module docstring for the model. ``lengths``:
+    earlier batches' final response lengths, seeding the length model (as ``Dispatcher``'s)."""
+    return Simulator(groups, n_engines=n_engines, engine=engine, budget=budget, policy=policy, lengths=lengths).run()

@@ -5,7 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rstar2_jax.rollout.capacity import AdaptiveRatio, LengthModel, fits, group_usage, usage
+from rstar2_jax.rollout.capacity import AdaptiveRatio, LengthModel, fits, forecast
+
+
+def usage(model, used, base, budget, page_size):
+    """One trajectory's expected pages: ``forecast``'s mean for a single live trajectory."""
+    return forecast(model, [used], [base], budget, page_size)[0]
 
 
 def test_cold_model_expects_the_full_budget():
@@ -37,11 +42,10 @@ def test_worst_case_without_a_model():
     np.testing.assert_allclose(usage(None, 10, 5, 64, 16), [5] * 5)  # ceil((5 + 64) / 16) at every tau
 
 
-def test_group_usage_and_fits():
+def test_fits():
     m = LengthModel(budget=32, prior_weight=1.0, lengths=[16] * 3)  # survival 1/4 beyond 16 tokens
     sample = usage(m, 0, 4, 32, 16)
     np.testing.assert_allclose(sample, [2, 0.25 * 3, 0])
-    np.testing.assert_allclose(group_usage(m, 36, 4, 32, 16), 2 + 4 * sample)
     curve = np.array([6.0, 9.0, 0.0])
     # 6 + 2 + 2k <= 12 and 9 + 2 + 0.75k <= 12 -> k = 1; ratio 2 -> 2 * (9 + 2) > 12: k = 0.
     z = np.zeros(3)

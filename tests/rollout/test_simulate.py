@@ -136,3 +136,57 @@ def test_rejects_bad_inputs():
         _engine(num_slots=0)
     with pytest.raises(ValueError, match="never fits"):
         _run([SimGroup(8, (SimTrajectory((1,)),))], budget=64, usable_pages=4)
+
+
+@pytest.mark.parametrize("usable_pages", [1023, 40])
+def test_simulator_and_dispatcher_admit_through_the_same_ledger(usable_pages, monkeypatch):
+    """One scripted workload (6 groups of 4 samples, 2 engines) through the real Dispatcher over
+    scripted engines and through the Simulator: both decide with AdmissionLedger, so the admissions
+    made before anything finishes (engine, prompt tokens, samples) are the same. A roomy pool
+    admits everything at once; a tight one (40 pages) admits one group per engine and queues the rest."""
+    from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+    from rstar2_jax.rollout.ledger import AdmissionLedger
+    from rstar2_jax.rollout.simulate import Simulator
+    from rstar2_jax.rollout.template import TemplateConfig, render_prompt
+    from rstar2_jax.tokenizer import ByteTokenizer
+    from tests.rollout.fakes import ScriptedEngine
+
+    tok, tpl, budget = ByteTokenizer(), TemplateConfig.toy(), 96
+    logs: list[list] = []
+    first_finish: list[int] = []
+    orig_init, orig_finish = AdmissionLedger.__init__, AdmissionLedger.on_finish
+
+    def init(self, *a, **kw):
+        orig_init(self, *a, **kw)
+        logs.append(self)
+
+    def on_finish(self, *a, **kw):
+        if len(first_finish) < len(logs):
+            first_finish.append(len(self.admissions))
+        orig_finish(self, *a, **kw)
+
+    monkeypatch.setattr(AdmissionLedger, "__init__", init)
+    monkeypatch.setattr(AdmissionLedger, "on_finish", on_finish)
+
+    class P:
+        def __init__(self, i):
+            self.id, self.problem, self.answer = f"p{i}", "q" * (10 + 7 * i), "1"
+
+    problems = [P(i) for i in range(6)]
+    answer = "x" * 40 + "</reason><answer>\\boxed{1}</answer><|im_end|>"
+    engines = [ScriptedEngine(tok, lambda prompt, child, turn: answer, num_pages=usable_pages + 1) for _ in range(2)]
+    d = Dispatcher(engines, None, tok, RolloutConfig(n_samples=4, budget=budget, template=tpl))
+    d.run(problems)
+    prompt_lens = [len(tok.encode(render_prompt(p.problem, tpl))) for p in problems]
+    n_answer = len(tok.encode(answer))
+    groups = [SimGroup(n, tuple(SimTrajectory((n_answer,)) for _ in range(4))) for n in prompt_lens]
+    sim = Simulator(groups, n_engines=2, engine=_engine(usable_pages=usable_pages, num_slots=8), budget=budget)
+    sim.run()
+    real, simulated = logs[0], logs[1]
+    assert isinstance(d.ledger, AdmissionLedger) and sim.ledger is simulated
+    k_real, k_sim = first_finish
+    assert k_real == k_sim and k_real >= 2
+    assert real.admissions[:k_real] == simulated.admissions[:k_sim]
+    assert sum(a.n for a in real.admissions) == sum(a.n for a in simulated.admissions) == 24
+    if usable_pages == 1023:
+        assert k_real == 6  # everything admitted up front
