@@ -25,7 +25,6 @@ adaptive ratio, stays within the pool:
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Iterable, Sequence
 
 import numpy as np
