@@ -177,10 +177,10 @@ class ScriptedTurnsEngine:
             self._state[s] = [samples[i], 0]
         return ids
 
-    def resume(self, seq_id: int, tokens, *, max_new_tokens: int) -> None:
+    def resume(self, seq_id: int, appended_tokens=(), *, max_new_tokens: int) -> None:
         st = self._state[seq_id]
         st[1] += 1
-        self.engine.resume(seq_id, tokens, max_new_tokens=min(len(st[0][st[1]][0]), max_new_tokens))
+        self.engine.resume(seq_id, appended_tokens, max_new_tokens=min(len(st[0][st[1]][0]), max_new_tokens))
 
     def release(self, seq_id: int) -> None:
         self._state.pop(seq_id, None)
@@ -238,8 +238,8 @@ class EngineHost:
     def submit_group(self, request: Request, n: int) -> list[int]:
         return self.engine.submit_group(request, n)
 
-    def resume(self, seq_id: int, tokens, *, max_new_tokens: int) -> None:
-        self.engine.resume(seq_id, tokens, max_new_tokens=max_new_tokens)
+    def resume(self, seq_id: int, appended_tokens=(), *, max_new_tokens: int) -> None:
+        self.engine.resume(seq_id, appended_tokens, max_new_tokens=max_new_tokens)
 
     def release(self, seq_id: int) -> None:
         self.engine.release(seq_id)

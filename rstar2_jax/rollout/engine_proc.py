@@ -30,7 +30,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rstar2_jax.sampling.interface import EngineStats
 
@@ -208,9 +208,9 @@ class ProcessEngine:
         """Sends the ``Request`` and ``n``; returns the children's seq ids."""
         return self._rpc("submit_group", (request, n), kw)
 
-    def resume(self, seq_id: int, tokens: Any, *, max_new_tokens: int) -> None:
+    def resume(self, seq_id: int, appended_tokens: Sequence[int] = (), *, max_new_tokens: int) -> None:
         """Sends the appended tokens (as a list) to the paused sequence ``seq_id``."""
-        self._rpc("resume", (seq_id, list(tokens)), {"max_new_tokens": max_new_tokens})
+        self._rpc("resume", (seq_id, list(appended_tokens)), {"max_new_tokens": max_new_tokens})
 
     def release(self, seq_id: int) -> None:
         self._rpc("release", (seq_id,))
