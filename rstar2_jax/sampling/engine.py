@@ -222,6 +222,7 @@ class PagedEngine:
             return []
         rd = next(r for r in self._row_buckets if r >= len(decode))
         tokens, logprobs, chunks = self._run(decode, prefill, rd, self.cfg.prefill_rows if prefill else 0)
+        self._stats["steps"] += 1
         events, prefilled = [], []
         for i, s in enumerate(decode):
             s.cached += 1
@@ -245,7 +246,7 @@ class PagedEngine:
         n = 0
         for rd in self._row_buckets:
             for pr in (0, self.cfg.prefill_rows):
-                jax.block_until_ready(self._run([], [], rd, pr)[0])
+                self._run([], [], rd, pr)  # returns host arrays: the step has run
                 n += 1
         return n
 
@@ -308,8 +309,6 @@ class PagedEngine:
         spec = StepSpec(rd, pr, cfg.prefill_chunk, cfg.page_size, cfg.attention_impl)
         batch, chunks = build_step_batch(decode, prefill, self.scheduler.block_tables, spec)
         self.cache, tokens, logprobs = paged_step(self.graphdef, self.params, self.cache, batch, spec)
-        if decode or prefill:
-            self._stats["steps"] += 1
         return np.asarray(tokens), np.asarray(logprobs), chunks
 
     def _copy_pages(self, copies: list[tuple[int, int]]) -> None:
