@@ -14,11 +14,6 @@ SIMULATED comparison (``rstar2_jax.rollout.simulate``, same admission code) at t
 paper's, with the calibrated step costs and the measured tool overheads. The capacity dispatcher's
 length model starts from the previous batch's lengths, as in ``RLTrainer`` (the first seed's from a
 warm-up batch).
-
-Workaround (TODO(engine-fork-oom)): ``PagedEngine._fork`` raises ``OutOfPages`` from inside
-``step()`` when a group's copy-on-write pages do not fit, which the static baseline hits at once.
-Both policies use ``rollout_workload._ForkSafeEngine``, which preempts the newest page holder first
-(as the engine does when a decoding sequence runs out of pages).
 """
 
 from __future__ import annotations

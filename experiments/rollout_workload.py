@@ -177,10 +177,10 @@ class ScriptedTurnsEngine:
             self._state[s] = [samples[i], 0]
         return ids
 
-    def resume(self, seq_id: int, tokens, *, max_new_tokens: int) -> None:
+    def resume(self, seq_id: int, appended_tokens=(), *, max_new_tokens: int) -> None:
         st = self._state[seq_id]
         st[1] += 1
-        self.engine.resume(seq_id, tokens, max_new_tokens=min(len(st[0][st[1]][0]), max_new_tokens))
+        self.engine.resume(seq_id, appended_tokens, max_new_tokens=min(len(st[0][st[1]][0]), max_new_tokens))
 
     def release(self, seq_id: int) -> None:
         self._state.pop(seq_id, None)
@@ -203,18 +203,8 @@ class ScriptedTurnsEngine:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
-
-class _ForkSafeEngine(PagedEngine):
-    """TODO(engine-fork-oom): until ``PagedEngine._fork`` handles a full pool itself, make room for
-    the children's copy-on-write pages by preempting the newest page holders (the engine's own
-    overflow rule). Without it the static baseline crashes (``OutOfPages`` raised inside step)."""
-
-    def _fork(self, template) -> None:
-        pt = self.page_table
-        need = len(template.children) if pt.length(template.id) % self.cfg.page_size else 0
-        while pt.free_pages() < need and self._preempt_newest(exclude=template):
-            pass
-        super()._fork(template)
+    def set_params(self, params) -> None:
+        self.engine.set_params(params)
 
 
 # -- one engine per process ------------------------------------------------------------------------
@@ -236,7 +226,7 @@ class EngineHost:
         self._new().warmup()  # compile every step variant once (not timed)
 
     def _new(self) -> PagedEngine:
-        return _ForkSafeEngine(self.graphdef, self.params, self.mcfg, self.cfg, decode_fn=TOK.decode)
+        return PagedEngine(self.graphdef, self.params, self.mcfg, self.cfg, decode_fn=TOK.decode)
 
     def reset(self, scripts: dict) -> None:
         """A fresh engine (empty page table, zero stats) following ``scripts`` (prompt ids -> samples)."""
@@ -248,8 +238,8 @@ class EngineHost:
     def submit_group(self, request: Request, n: int) -> list[int]:
         return self.engine.submit_group(request, n)
 
-    def resume(self, seq_id: int, tokens, *, max_new_tokens: int) -> None:
-        self.engine.resume(seq_id, tokens, max_new_tokens=max_new_tokens)
+    def resume(self, seq_id: int, appended_tokens=(), *, max_new_tokens: int) -> None:
+        self.engine.resume(seq_id, appended_tokens, max_new_tokens=max_new_tokens)
 
     def release(self, seq_id: int) -> None:
         self.engine.release(seq_id)
@@ -262,6 +252,12 @@ class EngineHost:
 
     def stats(self) -> EngineStats:
         return self.engine.stats() if self.engine is not None else EngineStats()
+
+    def set_params(self, params) -> None:
+        """New weights for this run's engine (idle) and the ones ``reset`` builds."""
+        if self.engine is not None:
+            self.engine.set_params(params)
+        self.params = params
 
     def check(self) -> None:
         """Every sequence released and the page table consistent."""

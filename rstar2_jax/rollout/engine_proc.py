@@ -30,8 +30,7 @@ import signal
 import threading
 import time
 import traceback
-from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from rstar2_jax.sampling.interface import EngineStats
 
@@ -72,11 +71,8 @@ def _unpack_exc(packed: tuple[bytes | None, str, str]) -> BaseException:
     return exc
 
 
-def _child_main(conn: Any, blob: bytes, env: dict[str, str] | None, cpus: set[int] | None,
-                free_running: bool = False) -> None:
-    """Child process: set env and affinity, build the engine, report ready, serve until stop or EOF
-    (``free_running``: step whenever the engine has work and no call is pending, sending each
-    step's events unasked)."""
+def _child_main(conn: Any, blob: bytes, env: dict[str, str] | None, cpus: set[int] | None) -> None:
+    """Child process: set env and affinity, build the engine, report ready, serve until stop or EOF."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent owns shutdown (close or EOF)
     try:
         if env:
@@ -91,19 +87,7 @@ def _child_main(conn: Any, blob: bytes, env: dict[str, str] | None, cpus: set[in
     except BaseException as e:  # noqa: BLE001 - report any start-up failure, then exit
         conn.send(("error", _pack_exc(e)))
         return
-    broken = False  # a free-running step raised: the engine's state is undefined, stop stepping
     while True:
-        if free_running and not broken and not conn.poll(0) and _snapshot(engine)[1]:
-            try:
-                msg = ("events", engine.step(), *_snapshot(engine))
-            except Exception as e:  # noqa: BLE001 - raised by the parent's next step()
-                broken = True
-                msg = ("events_err", _pack_exc(e), *_snapshot(engine))
-            try:
-                conn.send(msg)
-            except (BrokenPipeError, ConnectionError, EOFError):
-                return
-            continue
         try:
             msg = conn.recv()
         except (EOFError, OSError):
@@ -143,29 +127,19 @@ class ProcessEngine:
     when the parent goes away (EOF on its pipe); it is a daemon process, so the engine cannot
     start processes of its own through ``multiprocessing``.
 
-    ``free_running=True``: the child steps on its own whenever its engine has work and no call is
-    pending, and sends each step's events unasked; ``step()`` returns the next step's events (the
-    child may be a few steps ahead), so the engine never waits for the parent's round trip. Calls
-    still run between two steps, in order. The lead is unbounded, so a caller that counts steps
-    as it reads them (the ``Dispatcher``'s forecast clock) lags the engine: in the rollout
-    benchmark that under-forecast gave the capacity policy 3 preemptions in one run (0 in
-    lockstep), and no makespan gain on 2 shared cores. Off (the default), ``step()`` runs exactly
-    one step per call, as in-process.
+    Lockstep: ``step()`` runs exactly one step in the child per call, as in-process, so a caller
+    that counts steps (the ``Dispatcher``'s forecast clock) sees the engine's own.
     """
 
     def __init__(self, factory: Callable[..., Any], *args: Any, cpus: set[int] | None = None,
-                 env: dict[str, str] | None = None, start_timeout_s: float = 300.0, free_running: bool = False,
-                 **kwargs: Any):
+                 env: dict[str, str] | None = None, start_timeout_s: float = 300.0, **kwargs: Any):
         self._closed, self._dead = True, None  # _dead: why the child is gone, once it is
-        self._free = free_running
-        self._events: deque = deque()  # free-running: ("events" | "events_err", payload) not yet stepped
-        self._step_failed: str | None = None  # free-running: the step error the child stopped at
         blob = pickle.dumps((factory, args, kwargs))  # fail here, in the parent, if unpicklable
         ctx = mp.get_context("spawn")
         self._conn, child_conn = ctx.Pipe(duplex=True)
         self._lock = threading.Lock()
         self.process = ctx.Process(target=_child_main,
-                                   args=(child_conn, blob, dict(env or {}), set(cpus or ()), free_running),
+                                   args=(child_conn, blob, dict(env or {}), set(cpus or ())),
                                    name=f"engine-{getattr(factory, '__name__', 'proc')}", daemon=True)
         with _ENV_LOCK:  # spawn copies os.environ at start: env holds from the child's first import on
             saved = {k: os.environ.get(k) for k in env or {}}
@@ -214,62 +188,36 @@ class ProcessEngine:
 
     def _rpc(self, name: str, args: tuple = (), kwargs: dict | None = None) -> Any:
         with self._lock:
-            self._check_usable()
+            if self._dead is not None:
+                raise RuntimeError(self._dead)
+            if self._closed:
+                raise RuntimeError("ProcessEngine is closed")
             try:
                 self._conn.send((name, args, kwargs or {}))
             except (BrokenPipeError, ConnectionError, EOFError):
                 raise self._died() from None
-            while True:  # free-running: step events sent before the reply are kept for step()
-                kind, payload = self._take(self._recv())
-                if kind in ("ok", "err"):
-                    break
-                self._events.append((kind, payload))
+            kind, payload, stats, has_work = self._recv()
+            if stats is not None:
+                self._stats, self._has_work = stats, has_work
         if kind == "err":
             raise _unpack_exc(payload)
         return payload
-
-    def _check_usable(self) -> None:
-        if self._dead is not None:
-            raise RuntimeError(self._dead)
-        if self._closed:
-            raise RuntimeError("ProcessEngine is closed")
-
-    def _take(self, msg: tuple) -> tuple[str, Any]:
-        kind, payload, stats, has_work = msg
-        if stats is not None:
-            self._stats, self._has_work = stats, has_work
-        return kind, payload
 
     # -- the engine API -----------------------------------------------------------------------------
     def submit_group(self, request: Any, n: int, **kw: Any) -> list[int]:
         """Sends the ``Request`` and ``n``; returns the children's seq ids."""
         return self._rpc("submit_group", (request, n), kw)
 
-    def resume(self, seq_id: int, tokens: Any, *, max_new_tokens: int) -> None:
+    def resume(self, seq_id: int, appended_tokens: Sequence[int] = (), *, max_new_tokens: int) -> None:
         """Sends the appended tokens (as a list) to the paused sequence ``seq_id``."""
-        self._rpc("resume", (seq_id, list(tokens)), {"max_new_tokens": max_new_tokens})
+        self._rpc("resume", (seq_id, list(appended_tokens)), {"max_new_tokens": max_new_tokens})
 
     def release(self, seq_id: int) -> None:
         self._rpc("release", (seq_id,))
 
     def step(self) -> list[Any]:
-        """One engine step in the child; its ``StopEvent``\\ s come back pickled. Free-running: the
-        next step the child ran (or runs now); ``[]`` if it has no work."""
-        if not self._free:
-            return self._rpc("step")
-        with self._lock:
-            self._check_usable()
-            if self._step_failed is not None:  # the child stepped no more after it
-                raise RuntimeError(f"an earlier step failed in the child: {self._step_failed}")
-            if not self._events:
-                if not self._has_work:
-                    return []  # the child steps only after a call gives it work
-                self._events.append(self._take(self._recv()))  # no call in flight: a step's events
-            kind, payload = self._events.popleft()
-        if kind == "events_err":
-            self._step_failed = payload[1]
-            raise _unpack_exc(payload)
-        return payload
+        """One engine step in the child; its ``StopEvent``\\ s come back pickled."""
+        return self._rpc("step")
 
     def set_params(self, params: Any) -> None:
         """Sends the whole weights (pickled: device arrays are copied to host and back)."""
@@ -304,9 +252,8 @@ class ProcessEngine:
         return self._stats
 
     def has_work(self) -> bool:
-        """The engine's ``has_work()`` as of the last message (no round trip), or events not yet
-        returned by ``step()``."""
-        return bool(self._events) or self._has_work
+        """The engine's ``has_work()`` as of the last reply (no round trip)."""
+        return self._has_work
 
     # -- lifetime -----------------------------------------------------------------------------------
     def close(self, timeout: float = 10.0) -> None:

@@ -4,6 +4,9 @@
 * ``kv_cache``: device-side page arrays and paged attention (pure JAX reference + kernel hook).
 * ``sampling_fns``: frozen-dataclass samplers; log-probs are the policy's (temperature 1).
 * ``interface``: the ``Engine`` protocol every engine implements, ``Request``, ``StopEvent``, ``EngineStats``.
+* ``sequence``: host records (``Seq``, ``GroupTemplate``) and the ``SeqState`` transition table.
+* ``scheduler``: slots, FIFO admission, page growth, preemption of the newest holder, group forks.
+* ``step``: the typed ``StepBatch``, its host builder and the jitted ``paged_step``.
 * ``engine``: ``PagedEngine`` (submit / submit_group / step / resume / release).
 * ``dense_sampler``: static-batch dense-cache sampler and a naive recompute decoder (comparison).
 """

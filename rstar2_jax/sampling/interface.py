@@ -55,6 +55,7 @@ class EngineStats:
     decode_tokens: int = 0  # tokens fed by decode rows
     preemptions: int = 0  # sequences whose KV was freed to make room (they recompute)
     page_copies: int = 0  # copy-on-write page copies (group forks)
+    unshared_children: int = 0  # group children left no room to share the prompt's K/V at fork: they recompute it
     submitted: int = 0  # sequences submitted (group children count one each)
     kv_pages_in_use: int = 0  # now
     kv_pages_total: int = 0  # usable pages (null page excluded)

@@ -1,7 +1,6 @@
 """Policies for eval: orbax TrainState checkpoints (toy run dir, or checkpoint + config.json) and HF
 directories round-trip into the loader; wrong inputs give errors naming the path."""
 
-import argparse
 import dataclasses
 import json
 
@@ -155,7 +154,23 @@ def test_exactly_one_source():
 
 
 @pytest.mark.skipif(not (REPO / "experiments" / "toy_tool_math.py").exists(), reason="no toy demo script")
-def test_toy_shape_matches_the_toy_demo():
+def test_loader_rebuilds_the_toy_demos_model_from_its_run_directory(tmp_path):
     toy = load_script("toy_tool_math")
-    args = argparse.Namespace(**{**vars(toy.parse_args([])), "hidden": 48, "layers": 2})
-    assert toy.build_model(args, 268) == toy_model_config(vars(args), 268)
+    # The demo's default shape, by hand: hidden 64, 2 layers, 4 heads of 64 / 4 = 16, 2 KV heads,
+    # MLP 4 x 64 = 256, RoPE base 1e4, 4096 positions.
+    assert toy.build_model(toy.parse_args([]), 268) == ModelConfig(
+        vocab_size=268, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
+        intermediate_size=256, rope_theta=10_000.0, max_position_embeddings=4096)
+    # A run directory as main() writes it (args.json, config.json, checkpoint/), for a non-default
+    # shape: the loader must get the same model back from args.json alone.
+    args = toy.parse_args(["--hidden", "48", "--layers", "3", "--tokenizer", "byte", "--out", str(tmp_path)])
+    mcfg = toy.build_model(args, ByteTokenizer().vocab_size)
+    (tmp_path / "args.json").write_text(json.dumps(vars(args), indent=2))
+    (tmp_path / "config.json").write_text(json.dumps(mcfg.to_hf(), indent=2))
+    _, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(0)))
+    save_state(tmp_path / "checkpoint", params, 1.0)
+    policy = load_checkpoint_policy(tmp_path)
+    assert policy.model_cfg == mcfg == ModelConfig.from_hf(tmp_path / "config.json")
+    assert (mcfg.hidden_size, mcfg.num_layers, mcfg.head_dim, mcfg.intermediate_size) == (48, 3, 12, 192)
+    assert isinstance(policy.tokenizer, ByteTokenizer) and policy.template == "toy"
+    assert_same_params(policy.params, params)

@@ -57,9 +57,9 @@ class ScriptedEngine:
             ids.append(sid)
         return ids
 
-    def resume(self, seq_id: int, tokens, *, max_new_tokens: int) -> None:
+    def resume(self, seq_id: int, appended_tokens=(), *, max_new_tokens: int) -> None:
         s = self._seqs[seq_id]
-        s["tokens"].extend(tokens)
+        s["tokens"].extend(appended_tokens)
         s["turn"] += 1
         s["max_new"] = max_new_tokens
         self._active.append(seq_id)
@@ -92,6 +92,6 @@ class ScriptedEngine:
         self._active = []
         return events
 
-    def stats(self) -> dict:
+    def stats(self) -> EngineStats:
         used = sum(-(-len(s["tokens"]) // self.cfg.page_size) for s in self._seqs.values())
         return EngineStats(kv_pages_in_use=used, kv_pages_total=self.usable_pages)

@@ -68,15 +68,6 @@ def make_engine(**kw) -> ProbeEngine:
     return ProbeEngine(TOK, script, **kw)
 
 
-class _StepFails(ProbeEngine):
-    def step(self):
-        raise RefusingError("no step today")
-
-
-def make_step_failing_engine() -> ProbeEngine:
-    return _StepFails(TOK, script)
-
-
 def failing_factory():
     raise ValueError("no weights here")
 
@@ -158,10 +149,10 @@ def test_killed_child_raises_instead_of_hanging():
         e.close()
 
 
-def _start(n: int, factory=make_engine, **kw) -> list[ProcessEngine]:
+def _start(n: int) -> list[ProcessEngine]:
     """``n`` fresh children, started concurrently (each spends ~1 s importing this module)."""
     with concurrent.futures.ThreadPoolExecutor(n) as ex:
-        return list(ex.map(lambda _: ProcessEngine(factory, **kw), range(n)))
+        return list(ex.map(lambda _: ProcessEngine(make_engine), range(n)))
 
 
 def test_close_is_idempotent_and_child_exits_on_eof():
@@ -204,31 +195,12 @@ def _rollout(engines):
              [(r.status, r.code) for r in t.tools], t.done_reason, t.reward) for t in res.trajectories]
 
 
-@pytest.mark.parametrize("free_running", [False, True])
-def test_dispatcher_over_process_engines_matches_in_process(free_running):
+def test_dispatcher_over_process_engines_matches_in_process():
     expected = _rollout([make_engine(), make_engine()])
     assert [r[7] for r in expected] == ["answer"] * 8 and sum(len(r[6]) for r in expected) == 6
-    a, b = _start(2, free_running=free_running)
+    a, b = _start(2)
     with a, b:
         assert _rollout([a, b]) == expected
         assert not a.has_work() and not b.has_work()
         released = (a.get("released"), b.get("released"))
         assert all(released) and sum(map(len, released)) == 8  # both engines served; every sequence released
-
-
-def test_free_running_child_steps_unasked_and_reports_a_failed_step():
-    ok, bad = _start(1, free_running=True)[0], _start(1, make_step_failing_engine, free_running=True)[0]
-    with ok, bad:
-        assert ok.step() == [] and not ok.has_work()  # no work: nothing to wait for
-        ok.submit_group(req("plain"), 2)
-        events = []
-        while ok.has_work():  # each step() is one step the child ran on its own
-            events += ok.step()
-        assert sorted(ev.seq_id for ev in events) == [0, 1] and ok.step() == []
-        assert ok.stats() == ok.call("stats")  # the snapshot is the child's state
-        bad.submit_group(req("plain"), 1)
-        with pytest.raises(RefusingError, match="no step today"):
-            bad.step()
-        with pytest.raises(RuntimeError, match="earlier step failed"):
-            bad.step()
-        assert bad.call("has_work")  # the child still serves calls

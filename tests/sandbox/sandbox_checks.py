@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import time
 
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxLimits, SandboxPool
 from rstar2_jax.sandbox.worker import _BOOT
@@ -60,6 +61,32 @@ def warm_children(table: dict[int, tuple[int, int, str]] | None = None) -> dict[
     inits = [pid for pid in table if boot(pid) and not boot(table[pid][0])]
     return {init: kids[init][0] for init in inits
             if len(kids.get(init, [])) == 1 and not kids.get(kids[init][0])}
+
+
+STARTED = "open('/proc/self/comm', 'w').write('sbx-started')\n"  # prefix of a call that marks its start
+_STARTED_COMM = "sbx-started"
+
+
+def started_calls(pool: SandboxPool) -> int:
+    """Calls running below ``pool``'s workers whose code has begun: their code starts with ``STARTED``,
+    which renames the call's process (``/proc/<pid>/comm``, visible from the host)."""
+    n = 0
+    for pid in _below(_processes(), set(pool.worker_pids())):
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                n += f.read().strip() == _STARTED_COMM
+        except OSError:
+            continue
+    return n
+
+
+def wait_until(predicate, what: str, timeout_s: float = 30.0) -> None:
+    """Poll ``predicate`` every 10 ms; ``AssertionError`` naming ``what`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not {what} after {timeout_s} s")
+        time.sleep(0.01)
 
 
 def strays(pool: SandboxPool) -> list[str]:

@@ -10,10 +10,9 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
-from sandbox_checks import FAST, check_healthy
+from sandbox_checks import FAST, STARTED, check_healthy, started_calls, wait_until
 
 from rstar2_jax.sandbox import STATUSES, CodeRequest, CodeResult, SandboxLimits, SandboxPool
 
@@ -135,8 +134,10 @@ def test_timeout_override(ns_pool):
 # ------------------------------------------------------------------------------------------ workers
 def test_worker_death_gives_sandbox_error_and_a_replacement(ns_pool):
     before = ns_pool.stats()["restarts"]
-    futures = [ns_pool.submit(CodeRequest(code=f"import time\ntime.sleep(0.8)\n{i}")) for i in range(2)]
-    time.sleep(0.4)  # both are running now
+    # long calls, killed once both have started (the pid namespace dies with its init: no leftovers)
+    futures = [ns_pool.submit(CodeRequest(code=STARTED + f"import time\ntime.sleep(10)\n{i}", timeout_s=30))
+               for i in range(2)]
+    wait_until(lambda: started_calls(ns_pool) == 2, "both calls running")
     victims = ns_pool.worker_pids()
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
@@ -184,8 +185,7 @@ def test_cpu_limit_below_wall_limit():
 def test_close_semantics():
     pool = SandboxPool(workers=1, limits=dataclasses.replace(FAST, preload=()))
     slow = [pool.submit(CodeRequest(code="import time\ntime.sleep(0.3)")) for _ in range(3)]
-    while not slow[0].running():
-        time.sleep(0.005)
+    wait_until(slow[0].running, "the first call taken by the worker")
     pool.close(cancel_pending=True)
     results = [f.result(timeout=30) for f in slow]
     assert results[0].status == "ok"  # it was running
@@ -209,9 +209,10 @@ def _alive(pid: int) -> bool:
 
 
 def test_worker_that_died_while_idle_is_replaced_before_the_next_call(ns_pool):
-    for pid in ns_pool.worker_pids():
+    victims = ns_pool.worker_pids()
+    for pid in victims:
         os.kill(pid, signal.SIGKILL)
-    time.sleep(0.2)
+    wait_until(lambda: not any(map(_alive, victims)), "every worker process dead")  # dead before the next call
     results = ns_pool.run_batch([CodeRequest(code=f"{i}") for i in range(4)])
     assert [(r.status, r.stdout) for r in results] == [("ok", f"{i}\n") for i in range(4)]
     check_healthy(ns_pool)
