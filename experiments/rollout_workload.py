@@ -24,6 +24,7 @@ import time
 import numpy as np
 
 from rstar2_jax.rollout import TOOL_NAME, TemplateConfig, render_prompt, render_tool_result, tool_response_segment
+from rstar2_jax.rollout.scripted import ScriptedPolicy
 from rstar2_jax.rollout.simulate import SimGroup, SimTrajectory
 from rstar2_jax.sampling import EngineConfig, EngineStats, PagedEngine, Request, StopEvent
 from rstar2_jax.sandbox import CodeResult
@@ -133,17 +134,18 @@ def realized(turns: list[tuple[list[int], float]], budget: int) -> SimTrajectory
     return SimTrajectory(tuple(lens), tuple(sleeps), tuple(appended))
 
 
-class ScriptedTurnsEngine:
+class ScriptedTurnsEngine(ScriptedPolicy):
     """A PagedEngine whose turn lengths and recorded tokens follow a script (see module docstring).
 
-    Each turn decodes exactly ``len(script turn)`` real tokens (fewer if the budget cuts it) with no
-    stop tokens; the stop event then carries the scripted ids (same count: KV accounting stays
-    exact) and reason ``stop_token``, or filler with the engine's reason if the turn was cut.
+    ``scripts[prompt ids][child][turn] = (ids, tool sleep)``. Each turn decodes exactly
+    ``len(ids)`` real tokens (fewer if the budget cuts it) with no stop tokens; the stop event then
+    carries the scripted ids (same count: KV accounting stays exact) and reason ``stop_token``, or
+    filler with the engine's reason if the turn was cut (``rollout.scripted.ScriptedPolicy``).
     """
 
     def __init__(self, engine: PagedEngine, scripts: dict[tuple[int, ...], list[list[tuple[list[int], float]]]]):
-        self.engine, self.scripts = engine, scripts
-        self._state: dict[int, list] = {}  # seq_id -> [turns, turn index]
+        super().__init__(engine, lambda prompt, child, turn: scripts[prompt][child][turn][0])
+        self.scripts = scripts
 
     @property
     def cfg(self):
@@ -153,58 +155,8 @@ class ScriptedTurnsEngine:
     def num_pages(self) -> int:
         return self.engine.num_pages
 
-    @property
-    def page_size(self) -> int:
-        return self.engine.page_size
-
-    @property
-    def usable_pages(self) -> int:
-        return self.engine.usable_pages
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.engine.max_seq_len
-
-    def submit(self, request: Request) -> int:
-        return self.submit_group(request, 1)[0]
-
-    def submit_group(self, request: Request, n: int) -> list[int]:
-        samples = self.scripts[tuple(request.prompt)]
-        lens = [min(len(samples[i][0][0]), request.max_new_tokens) for i in range(n)]
-        req = dataclasses.replace(request, stop_token_ids=(), stop_strings=(), max_new_tokens=max(lens))
-        ids = self.engine.submit_group(req, n, child_max_new_tokens=lens)
-        for i, s in enumerate(ids):
-            self._state[s] = [samples[i], 0]
-        return ids
-
-    def resume(self, seq_id: int, appended_tokens=(), *, max_new_tokens: int) -> None:
-        st = self._state[seq_id]
-        st[1] += 1
-        self.engine.resume(seq_id, appended_tokens, max_new_tokens=min(len(st[0][st[1]][0]), max_new_tokens))
-
-    def release(self, seq_id: int) -> None:
-        self._state.pop(seq_id, None)
-        self.engine.release(seq_id)
-
-    def step(self) -> list[StopEvent]:
-        out = []
-        for ev in self.engine.step():
-            turns, i = self._state[ev.seq_id]
-            ids = turns[i][0]
-            if len(ev.tokens) == len(ids):
-                out.append(StopEvent(ev.seq_id, list(ids), ev.logprobs, "stop_token", ids[-1]))
-            else:
-                out.append(StopEvent(ev.seq_id, _filler(len(ev.tokens)), ev.logprobs, ev.reason))
-        return out
-
-    def has_work(self) -> bool:
-        return self.engine.has_work()
-
-    def stats(self) -> EngineStats:
-        return self.engine.stats()
-
-    def set_params(self, params) -> None:
-        self.engine.set_params(params)
+    def cut(self, ids: list[int], ev: StopEvent) -> StopEvent:
+        return StopEvent(ev.seq_id, _filler(len(ev.tokens)), ev.logprobs, ev.reason)
 
 
 # -- one engine per process ------------------------------------------------------------------------

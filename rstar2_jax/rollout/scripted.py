@@ -3,7 +3,8 @@
 ``ScriptedPolicy(engine, script)`` implements the ``Engine`` protocol around a ``PagedEngine``.
 Each turn the real engine decodes exactly as many tokens as ``script(prompt, child, turn)`` returns
 (KV pages, slots, prefill/extend chunks, tool pauses and preemption all real); the stop event then
-carries the script's ids, with reason ``stop_token``. The sampler log-probs it reports are the real
+carries the script's ids, with reason ``stop_token`` (a turn cut by the budget: its first ids, with
+the engine's reason; ``cut`` may be overridden). The sampler log-probs it reports are the real
 engine's for the tokens it drew, not for the script's: train on such rollouts with
 ``old_logp_source="recompute"``.
 
@@ -24,8 +25,7 @@ Script = Callable[[tuple[int, ...], int, int], Sequence[int]]  # (prompt ids, ch
 
 
 class ScriptedPolicy:
-    """See the module docstring. A turn longer than the segment's budget is cut (reason
-    ``max_new_tokens``, the script's first ids)."""
+    """See the module docstring."""
 
     def __init__(self, engine: PagedEngine, script: Script):
         self.engine, self.script = engine, script
@@ -83,8 +83,12 @@ class ScriptedPolicy:
             if len(ev.tokens) == len(ids):
                 out.append(StopEvent(ev.seq_id, list(ids), ev.logprobs, "stop_token", ids[-1]))
             else:  # the budget cut the turn
-                out.append(StopEvent(ev.seq_id, list(ids[: len(ev.tokens)]), ev.logprobs, "max_new_tokens"))
+                out.append(self.cut(ids, ev))
         return out
+
+    def cut(self, ids: list[int], ev: StopEvent) -> StopEvent:
+        """The event of a scripted turn ``ids`` that the engine stopped early (``ev``)."""
+        return StopEvent(ev.seq_id, list(ids[: len(ev.tokens)]), ev.logprobs, ev.reason)
 
     def has_work(self) -> bool:
         return self.engine.has_work()
