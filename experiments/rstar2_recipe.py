@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> dict:
                                                          rows=cfg.problems_per_step * cfg.group),
                           pad_id=tok.pad_id, mesh=mesh)
         rollout.sync(learner.params)
+        rollout.load_state(cur.get("rollout"))  # resume: the dispatcher's length history as it was
         compiles = CompileCounter()
 
         bar = tqdm(desc="recipe", disable=not show)
@@ -213,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
             if new != stage:
                 cur.update(stage=new, stage_step=0, problem_cursor=0 if new == "filter" else cur["problem_cursor"])
             if new != stage or cur["global_step"] % cfg.ckpt_every == 0:
+                cur["rollout"] = rollout.state()
                 save(learner.state)
             bar.update(1)
             bar.set_postfix(stage=stage, reward=f"{m['reward']:.2f}", kept=m["n_kept"])

@@ -273,6 +273,8 @@ def main(argv: list[str] | None = None) -> dict:
         learner = Learner(graphdef, state, LearnerConfig(rl=rl_cfg, seq_len=max_seq_len,
                                                          rows=args.problems_per_step * args.group), pad_id=tok.pad_id)
         rollout.sync(learner.params)
+        if cursor["phase"] == "rl":
+            rollout.load_state(cursor.get("rollout"))  # the dispatcher's length history, as when it stopped
         eval_cfg = EvalConfig(k=1, budget=args.budget, template=tpl)
 
         def held_out(tag: str) -> dict:
@@ -305,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
                          heldout_response_len=ev["mean_response_tokens"])
             logger.log(m)
             if step % args.ckpt_every == 0 or step == args.rl_steps:
-                ckpt.save(learner.state, data_cursor={"phase": "rl", "step": step}, config=rl_cfg,
+                ckpt.save(learner.state, data_cursor={"phase": "rl", "step": step, "rollout": rollout.state()},
+                          config=rl_cfg,
                           metrics={"reward": m["reward"]}, step=RL_CKPT_BASE + step)
             bar.set_postfix(reward=f"{m['reward']:.2f}")
         timings["rl_s"] = time.perf_counter() - t_rl

@@ -109,6 +109,17 @@ class AdmissionLedger:
         self._group_prompt: dict[int, int] = {}  # group index -> prompt tokens
         self.admissions = []
 
+    def state(self) -> dict:
+        """What carries across batches (JSON-able): the length history, this batch's lengths so far
+        and the ratio. ``load_state`` of it, then ``new_batch``, continues a run exactly (resume)."""
+        return {"history": [list(b) for b in self._history], "batch_lengths": self._batch_lengths,
+                "ratio": self.ratio.value}
+
+    def load_state(self, state: dict) -> None:
+        self._history = deque([list(b) for b in state["history"]], maxlen=self.cfg.length_memory)
+        self._batch_lengths = None if state["batch_lengths"] is None else list(state["batch_lengths"])
+        self.ratio.value = float(state["ratio"])
+
     @property
     def lengths_seen(self) -> int:
         return self.model.n if self.model is not None else 0

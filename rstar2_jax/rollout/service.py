@@ -41,6 +41,15 @@ class Rollout:
         ``cfg.budget``), unscored."""
         return self.dispatcher.run(problems, seed=seed, budget=budget, show_progress=show_progress)
 
+    def state(self) -> dict:
+        """The dispatcher's learnt admission state (JSON-able), for checkpoints."""
+        return self.dispatcher.ledger.state()
+
+    def load_state(self, state: dict | None) -> None:
+        """Restore ``state()`` (None: keep the fresh state) so a resumed run admits as the original."""
+        if state is not None:
+            self.dispatcher.ledger.load_state(state)
+
     def sync(self, params: Any) -> SyncStats:
         """Every engine gets ``params`` (each places them on its own devices)."""
         t0 = time.perf_counter()
