@@ -12,7 +12,7 @@ prefill chunks), a two-engine concurrency probe, the critical path (the longest 
 dispatcher beats it), diagnostic capacity runs (a cold length model; a lower reserve ratio), then a
 SIMULATED comparison (``rstar2_jax.rollout.simulate``, same admission code) at this scale and at the
 paper's, with the calibrated step costs and the measured tool overheads. The capacity dispatcher's
-length model starts from the previous batch's lengths, as in ``RLTrainer`` (the first seed's from a
+length model starts from the previous batch's lengths, as the long-lived ``Rollout`` does (the first seed's from a
 warm-up batch).
 """
 
