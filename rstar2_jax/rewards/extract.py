@@ -8,7 +8,8 @@ Rules (DESIGN section 4):
 * A box is ``\\boxed{...}`` or ``\\fbox{...}`` with balanced nested braces, or ``\\boxed 42`` /
   ``\\boxed5`` / ``\\boxed \\pi`` (one run of non-space characters or one command);
   ``\\boxed{\\boxed{5}}`` is ``5``. A box whose braces never close is ignored.
-* Several *different* boxes in the final answer region -> ``status="conflicting"`` (wrong).
+* Several *different* boxes in the final answer region -> ``status="several"``, the boxes joined as
+  the answer (``boxes.join_boxes``); ``check`` decides by the gold whether they are one answer.
 * No box -> ``status="no_box"``, no answer. There is never a fallback to the last number.
 """
 
@@ -17,9 +18,10 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from rstar2_jax.rewards.boxes import join_boxes
 from rstar2_jax.rewards.normalize import matching_braces
 
-STATUSES = ("ok", "no_box", "conflicting")
+STATUSES = ("ok", "no_box", "several")
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 _ANSWER_OPEN, _ANSWER_CLOSE = "<answer>", "</answer>"
 
@@ -35,8 +37,8 @@ class Extraction:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"Extraction.status must be one of {STATUSES}, got {self.status!r}")
-        if (self.answer is None) != (self.status != "ok"):
-            raise ValueError("Extraction.answer is set exactly when status is 'ok'")
+        if (self.answer is None) != (self.status == "no_box"):
+            raise ValueError("Extraction.answer is set exactly when status is not 'no_box'")
 
 
 def _box_at(text: str, match: re.Match[str]) -> tuple[str, int] | None:
@@ -126,5 +128,5 @@ def extract_answer(text: str) -> Extraction:
         return Extraction(answer=None, status="no_box")
     distinct = {re.sub(r"\s+", "", b) for b in boxes}
     if len(distinct) > 1:
-        return Extraction(answer=None, status="conflicting", boxes=tuple(boxes))
+        return Extraction(answer=join_boxes(boxes), status="several", boxes=tuple(boxes))
     return Extraction(answer=boxes[-1], status="ok", boxes=tuple(boxes))

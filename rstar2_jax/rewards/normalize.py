@@ -17,14 +17,18 @@ spelling, so equal answers written differently become equal strings and the stru
 * trailing unit text (``5.4 \\text{ cents}``, ``864 \\mbox{ inches}^2``) is dropped; a percent sign
   is kept as ``%`` (it changes the value: ``28%`` is ``0.28``).
 * ``x \\in [a, b]`` -> ``[a, b]`` (the membership prefix names the variable, not the answer).
+* math delimiters ``\\( \\)`` ``\\[ \\]``; ASCII and variant relations (``>=``, ``=<``, ``!=``,
+  ``\\geqslant``, ``\\neq``) -> ``\\ge``/``\\le``/``\\ne``; ``percent``/``pct``/``percentage``
+  after a number -> ``%``; text macros around a number (``\\textbf{5}``, ``\\mbox{5}``) are
+  unwrapped; a plain space between digit groups (``1 000 000``) is a thousands separator.
 """
 
 from __future__ import annotations
 
 import re
 
-_FONT = r"\\(?:mathrm|mathbf|mathit|mathsf|mathtt|boldsymbol|bm|textnormal)"
-_TEXT = r"\\(?:text|textrm|textbf|textit|textsf|texttt|mbox|hbox)"
+_FONT = r"\\(?:mathrm|mathbf|mathit|mathsf|mathtt|mathnormal|boldsymbol|bm)"
+_TEXT = r"\\(?:text|textrm|textbf|textit|textsf|texttt|textnormal|textup|textsl|textmd|mbox|hbox)"
 
 _SIMPLE_REPLACEMENTS: tuple[tuple[str, str], ...] = (
     ("\u2212", "-"), ("\u2013", "-"), ("\u00d7", r"\times "), ("\u00b7", r"\cdot "),
@@ -32,12 +36,19 @@ _SIMPLE_REPLACEMENTS: tuple[tuple[str, str], ...] = (
     ("\u00b0", r"^\circ"), ("\u221a", r"\sqrt"), ("\u222a", r"\cup "), ("\u2260", r"\ne "),
     (r"\dfrac", r"\frac"), (r"\tfrac", r"\frac"), (r"\cfrac", r"\frac"),
     (r"\dbinom", r"\binom"), (r"\tbinom", r"\binom"),
-    (r"\leqslant", r"\le "), (r"\geqslant", r"\ge "), (r"\leq", r"\le "), (r"\geq", r"\ge "),
+    (r"\geqq", r"\ge "), (r"\leqq", r"\le "), (r"\leqslant", r"\le "), (r"\geqslant", r"\ge "),
+    (r"\leq", r"\le "), (r"\geq", r"\ge "),
     (r"\neq", r"\ne "), (r"\lbrace", r"\{"), (r"\rbrace", r"\}"), (r"\lbrack", "["), (r"\rbrack", "]"),
     (r"\varnothing", r"\emptyset"), (r"\infinity", r"\infty"), (r"\displaystyle", ""),
     (r"\textstyle", ""), (r"\scriptstyle", ""),
     (r"\lvert", "|"), (r"\rvert", "|"), (r"\vert", "|"), (r"\mid", "|"),
+    ("\u2a7d", r"\le "), ("\u2a7e", r"\ge "), ("\u00b2", "^2"), ("\u00b3", "^3"),
+    (r"\not=", r"\ne "), (r"\not =", r"\ne "),
 )
+_MATH_DELIM = re.compile(r"(?<!\\)\\[()\[\]]")
+# ASCII relations; ``!=`` after a digit or a closing bracket is a factorial followed by ``=``.
+_ASCII_REL = ((re.compile(r">="), r"\\ge "), (re.compile(r"<=|=<"), r"\\le "),
+              (re.compile(r"(?<![\d)}!])!="), r"\\ne "))
 _SIZED_DELIM = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)\s*(\\[{}|]|[()\[\]|.]|\\[lr]angle)")
 _OPEN_DELIM_DOT = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)\s*\.$")  # "\right." is no period
 _THOUSANDS_LATEX = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!\s*|\\[,;: ]\s*|~)(?=\d{3}(?!\d))")
@@ -47,9 +58,20 @@ _DEGREE = re.compile(
     r"(?<=[\w}).])\s*(?:\^\s*\{?\s*\\circ\s*\}?|\\circ\b|\\degree\b|" + _TEXT
     + r"\{\s*(?:degrees?|deg)\s*\})(?=\s*(?:$|[,;)\]]|\\\}|\\cup\b|" + _TEXT + r"\{))"
 )
-_PERCENT = re.compile(r"\\%|" + _TEXT + r"\{\s*(?:percent|\\%|%)\s*\}")
+_PERCENT_WORD = r"(?:percent(?:age)?|per\s?cent|pct)"
+_PERCENT = re.compile(r"\\%|" + _TEXT + r"\{\s*(?:" + _PERCENT_WORD + r"|\\%|%)\s*\}|(?<=[\d}])\s*"
+                      + _PERCENT_WORD + r"(?![a-zA-Z])")
+_TEXT_MATH = re.compile(_TEXT + r"\s*\{([^{}a-zA-Z]*)\}")  # \textbf{5}, \mbox{ 3.5 }: no words inside
 # A unit: trailing text after some math, optionally squared/cubed (``\mbox{ cm}^2``).
 _TRAILING_UNIT = re.compile(_TEXT + r"\{[^{}]*\}(?:\s*\^\s*\{?\d\}?)?\s*$")
+# ... or a unit word in a math font (``5\mathrm{km}``, ``\operatorname{cm}^2``; not the constants e, i).
+_MATH_UNIT = re.compile(r"(?<=[\d}.\s])\s*\\(?:mathrm|operatorname)\s*\{\s*(?![eid]\s*\})[a-zA-Z][a-zA-Z ./]*\}"
+                        r"(?:\s*\^\s*\{?\d\}?)?\s*$")
+# ... or a plain unit word of two or more letters after a number (``125 miles``, ``3 cm^2``).
+_PLAIN_UNIT = re.compile(
+    r"(?<=[\d}])\s*(?:cm|mm|km|kg|mg|ft|mph|kmh|km/h|m/s|sq units|square units|units?|miles?|feet|foot"
+    r"|inch(?:es)?|yards?|meters?|metres?|grams?|liters?|litres?|seconds?|minutes?|hours?|days?|weeks?"
+    r"|months?|years?|dollars?|cents?|yuan|euros?|points?|degrees?)(?:\s*\^\s*\{?\d\}?)?\s*$")
 _FRAC_SHORT = (
     (re.compile(r"\\frac\s*(\d)\s*(\d)"), r"\\frac{\1}{\2}"),
     (re.compile(r"\\frac\s*(\d)\s*\{"), r"\\frac{\1}{"),
@@ -60,7 +82,8 @@ _FRAC_SHORT = (
 _LEADING_DOT = re.compile(r"(?<![\d}])\.(\d)")
 _MEMBERSHIP = re.compile(r"^\s*[a-zA-Z]\s*\\in(?![a-zA-Z])\s*")
 _WS = re.compile(r"\s+")
-_COMMA_NUMBER = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_COMMA_NUMBER = re.compile(r"^[+-]?[1-9]\d{0,2}(?:,\d{3})+(?:\.\d+)?$")  # 0,111 is no thousands
+_SPACE_THOUSANDS = re.compile(r"(?<![\w.,^_])\d{1,3}(?: \d{3})+(?![\d])")
 
 
 def matching_braces(text: str) -> dict[int, int]:
@@ -98,9 +121,9 @@ def strip_thousands(item: str) -> str:
 
 
 def strip_units(text: str) -> str:
-    """Drop trailing ``\\text{...}`` unit annotations that follow some math."""
+    """Drop trailing unit annotations (``\\text{...}``, ``\\mathrm{km}``, ``miles``) that follow some math."""
     while True:
-        match = _TRAILING_UNIT.search(text)
+        match = _TRAILING_UNIT.search(text) or _MATH_UNIT.search(text) or _PLAIN_UNIT.search(text)
         if match is None or not text[:match.start()].strip():
             return text
         text = text[:match.start()].rstrip()
@@ -109,11 +132,16 @@ def strip_units(text: str) -> str:
 def normalize(latex: str) -> str:
     """Canonical spelling of a final answer (see module docstring); idempotent."""
     text = latex.replace("\n", " ").replace("\t", " ").strip()
-    text = text.replace(r"\$", "").replace("$", "").strip()
+    text = text.replace(r"\$", "").replace("$", "")
+    text = _MATH_DELIM.sub(" ", text).strip()
     if text.endswith(".") and not _OPEN_DELIM_DOT.search(text):
         text = text[:-1].rstrip()  # sentence period
+    if text.endswith((",", ";")) and not text.endswith(("\\,", "\\;")):
+        text = text[:-1].rstrip()  # sentence punctuation
     for old, new in _SIMPLE_REPLACEMENTS:
         text = text.replace(old, new)
+    for pattern, repl in _ASCII_REL:
+        text = pattern.sub(repl, text)
     text = _strip_group(text.strip())
     text = _SIZED_DELIM.sub(lambda m: "" if m.group(1) == "." else m.group(1), text)
     text = text.replace(r"\left.", "").replace(r"\right.", "")
@@ -121,13 +149,15 @@ def normalize(latex: str) -> str:
     text = _SPACING.sub(" ", text)
     text = _DEGREE.sub("", text)
     text = _PERCENT.sub("%", text)
-    text = _unwrap_command(text, _FONT)
+    text = _TEXT_MATH.sub(lambda m: m.group(1), text)
     text = strip_units(text)
+    text = _unwrap_command(text, _FONT)
     for pattern, repl in _FRAC_SHORT:
         text = pattern.sub(repl, text)
     text = _LEADING_DOT.sub(r"0.\1", text)
     text = _MEMBERSHIP.sub("", text)
     text = _WS.sub(" ", text).strip()
+    text = _SPACE_THOUSANDS.sub(lambda m: m.group(0).replace(" ", ""), text)
     text = strip_thousands(text)
     text = re.sub(r"\s*([=+\-^_{}()\[\]!])\s*", r"\1", text)
     text = re.sub(r"\s*,\s*", ", ", text).strip()  # the space keeps "1, 000" a list
