@@ -45,7 +45,9 @@ real models write are in ``tests/rewards/mv_style_cases.py``):
   or a bare list. Unions of intervals compare as point sets. An inequality solved for one variable
   (``x > 2``, ``1 < x \\le 3``, ``x \\ne 3``) is the set it defines; other inequalities compare as relations
   (same direction, positive multiples: ``a \\le b`` = ``b \\ge a``) and never equal a solved form
-  (``2x \\le 6`` != ``x \\le 3``: restating the problem is not solving it).
+  (``2x \\le 6`` != ``x \\le 3``: restating the problem is not solving it). A gold written as a
+  membership, ``x \\in [-2,7]``, asks for the set: ``[-2,7]`` matches it, the inequality
+  ``-2 \\le x \\le 7`` does not (math-verify's convention; a bare interval gold is matched by it).
 * **Matrices** compare element-wise after a shape check; the delimiter style (``pmatrix``,
   ``bmatrix``) does not matter; a matrix never equals a tuple.
 * **Equations are equations**: two equations are equal when one is a nonzero constant multiple of
@@ -81,7 +83,7 @@ from rstar2_jax.rewards.labels import label_key
 from rstar2_jax.rewards.normalize import normalize
 from rstar2_jax.rewards.numerals import clock_time, decimal_comma, point_decimal, times_equal
 from rstar2_jax.rewards.relations import as_interval, equations_equal, relations_equal
-from rstar2_jax.rewards.scalar import ParseError, Refused, to_sympy, values_equal
+from rstar2_jax.rewards.scalar import ParseError, Refused, matrix_value, to_sympy, values_equal
 from rstar2_jax.rewards.structure import (Based, Bracketed, Equation, Matrix, Node, Record, Relation, Scalar,
                                           StructureError, Union, Unordered, balanced, is_textual,
                                           parse_structure, text_key)
@@ -90,6 +92,7 @@ REASONS = ("string", "equivalent", "different", "several", "empty", "unparseable
 # A zero denominator somewhere: the identical strings may still be undefined (never equal).
 _ZERO_DIVISOR = re.compile(r"(?:/|:|\\frac\{[^{}]*\})\s*\{?\s*0+(?:\.0*)?\s*\}?(?![\d.])")
 _INFINITY = re.compile(r"([+-]?)\\infty")
+_MEMBERSHIP = re.compile(r"^\s*[a-zA-Z]\s*\\in(?![a-zA-Z])")
 _NON_FINITE = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan)
 
 
@@ -124,6 +127,9 @@ def check(pred: str, gold: str) -> Verdict:
     p, g = normalize(pred), normalize(gold)
     if not p:
         return Verdict(correct=False, reason="empty")
+    special = _numeral_verdict(pred, gold, p, g)  # before string equality: 2:30 a.m. vs 2:30 p.m.
+    if special is not None:
+        return special
     if p == g and not _ZERO_DIVISOR.search(p):
         return Verdict(correct=True, reason="string")
     if not balanced(p):
@@ -131,9 +137,6 @@ def check(pred: str, gold: str) -> Verdict:
     if is_textual(g):
         same = text_key(p) == text_key(g)
         return Verdict(correct=same, reason="equivalent" if same else "different")
-    special = _numeral_verdict(pred, gold, p, g)
-    if special is not None:
-        return special
     for text in (p, g):
         if guard.text_problem(text):
             return Verdict(correct=False, reason="refused")
@@ -145,6 +148,8 @@ def check(pred: str, gold: str) -> Verdict:
         pred_node = parse_structure(p)
     except StructureError:
         return Verdict(correct=False, reason="unparseable")
+    if isinstance(pred_node, Relation) and _MEMBERSHIP.match(gold.replace("$", "")):
+        return Verdict(correct=False, reason="different")  # x \\in S asks for the set S
     try:
         same = nodes_equal(gold_node, pred_node)
     except Refused:
@@ -222,6 +227,10 @@ def nodes_equal(gold: Node, pred: Node) -> bool:
         shape = (len(gold.rows), len(gold.rows[0]))
         return shape == (len(pred.rows), len(pred.rows[0])) and all(
             nodes_equal(g, p) for gr, pr in zip(gold.rows, pred.rows) for g, p in zip(gr, pr))
+    if _matrix_expression(gold, pred):
+        return _matrix_values_equal(gold, pred)  # A + B, 2A, AB of literal matrices
+    if isinstance(gold, Matrix) or isinstance(pred, Matrix):
+        return False
     if isinstance(gold, Based) or isinstance(pred, Based):
         return _based_equal(gold, pred)
     if isinstance(gold, Scalar) and isinstance(pred, Scalar):
@@ -236,6 +245,28 @@ def _scalars_equal(gold: str, pred: str) -> bool:
         g_inf, p_inf = _INFINITY.fullmatch(gold.strip()), _INFINITY.fullmatch(pred.strip())
         return bool(g_inf and p_inf) and g_inf.group(1).replace("+", "") == p_inf.group(1).replace("+", "")
     return values_equal(g, p)
+
+
+def _matrix_expression(gold: Node, pred: Node) -> bool:
+    """Matrices or scalar leaves on both sides, and a leaf that writes a matrix (``\\begin{...}``)."""
+    nodes = (gold, pred)
+    return all(isinstance(n, (Matrix, Scalar)) for n in nodes) and any(
+        isinstance(n, Scalar) and r"\begin{" in n.latex for n in nodes)
+
+
+def _matrix_values_equal(gold: Node, pred: Node) -> bool:
+    """A matrix (or matrix expression) against a matrix expression, entry by entry."""
+
+    def entries(node: Node) -> sympy.ImmutableMatrix:
+        if isinstance(node, Matrix):
+            cells = [[to_sympy(c.latex) if isinstance(c, Scalar) else None for c in row] for row in node.rows]
+            if any(c is None for row in cells for c in row):
+                raise ParseError("matrix of non-scalars")
+            return sympy.ImmutableMatrix(cells)
+        return matrix_value(node.latex)
+
+    g, p = entries(gold), entries(pred)
+    return g.shape == p.shape and all(values_equal(a, b) for a, b in zip(g, p))
 
 
 def _same_set(gold: tuple[Node, ...], pred: tuple[Node, ...]) -> bool:

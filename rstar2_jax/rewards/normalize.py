@@ -51,7 +51,7 @@ _ASCII_REL = ((re.compile(r">="), r"\\ge "), (re.compile(r"<=|=<"), r"\\le "),
               (re.compile(r"(?<![\d)}!])!="), r"\\ne "))
 _SIZED_DELIM = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)\s*(\\[{}|]|[()\[\]|.]|\\[lr]angle)")
 _OPEN_DELIM_DOT = re.compile(r"\\(?:left|right|[bB]igg?[lr]?|middle)\s*\.$")  # "\right." is no period
-_THOUSANDS_LATEX = re.compile(r"(?<=\d)(?:\{,\}|,\s*\\!\s*|\\[,;: ]\s*|~)(?=\d{3}(?!\d))")
+_THOUSANDS_LATEX = re.compile(r"(?<=\d)(?:\s*\{\s*,\s*\}\s*|,\s*\\!\s*|\\[,;: ]\s*|~)(?=\d{3}(?!\d))")
 _SPACING = re.compile(r"(?<!\\)\\[,;:! ]|\\q?quad\b|~")
 # A degree mark only where a unit can stand: after a number/closing group, before the end of an item.
 _DEGREE = re.compile(
@@ -61,7 +61,8 @@ _DEGREE = re.compile(
 _PERCENT_WORD = r"(?:percent(?:age)?|per\s?cent|pct)"
 _PERCENT = re.compile(r"\\%|" + _TEXT + r"\{\s*(?:" + _PERCENT_WORD + r"|\\%|%)\s*\}|(?<=[\d}])\s*"
                       + _PERCENT_WORD + r"(?![a-zA-Z])")
-_TEXT_MATH = re.compile(_TEXT + r"\s*\{([^{}a-zA-Z]*)\}")  # \textbf{5}, \mbox{ 3.5 }: no words inside
+_TEXT_OPEN = re.compile(_TEXT + r"\s*\{")
+_TEXT_WORD = re.compile(_TEXT + r"\s*\{\s*(,?)\s*(and|or)\s*\}")  # \textrm{ and } -> \text{and}
 # A unit: trailing text after some math, optionally squared/cubed (``\mbox{ cm}^2``).
 _TRAILING_UNIT = re.compile(_TEXT + r"\{[^{}]*\}(?:\s*\^\s*\{?\d\}?)?\s*$")
 # ... or a unit word in a math font (``5\mathrm{km}``, ``\operatorname{cm}^2``; not the constants e, i).
@@ -112,6 +113,24 @@ def _unwrap_command(text: str, command: str) -> str:
         text = text[:match.start()] + text[match.end():end] + text[end + 1:]
 
 
+def _unwrap_text_math(text: str) -> str:
+    """``\\textbf{5}``, ``\\mbox{\\frac{3}{4}}`` -> the math inside (a text macro without words in it)."""
+    start = 0
+    while True:
+        match = _TEXT_OPEN.search(text, start)
+        if match is None:
+            return text
+        end = matching_braces(text).get(match.end() - 1)
+        if end is None:
+            return text
+        body = text[match.end():end]
+        if body.strip() and not re.search(r"[a-zA-Z]", re.sub(r"\\[a-zA-Z]+", "", body)):
+            text = text[:match.start()] + body + text[end + 1:]
+            start = match.start()
+        else:
+            start = match.end()
+
+
 def strip_thousands(item: str) -> str:
     """``1,000`` / ``-12,345.5`` -> digits, when the whole item is one comma-grouped number.
 
@@ -132,7 +151,7 @@ def strip_units(text: str) -> str:
 def normalize(latex: str) -> str:
     """Canonical spelling of a final answer (see module docstring); idempotent."""
     text = latex.replace("\n", " ").replace("\t", " ").strip()
-    text = text.replace(r"\$", "").replace("$", "")
+    text = text.replace(r"\$", "").replace("$", "").replace("\u20ac", "").replace("\u00a3", "")  # $, euro, pound
     text = _MATH_DELIM.sub(" ", text).strip()
     if text.endswith(".") and not _OPEN_DELIM_DOT.search(text):
         text = text[:-1].rstrip()  # sentence period
@@ -149,7 +168,8 @@ def normalize(latex: str) -> str:
     text = _SPACING.sub(" ", text)
     text = _DEGREE.sub("", text)
     text = _PERCENT.sub("%", text)
-    text = _TEXT_MATH.sub(lambda m: m.group(1), text)
+    text = _TEXT_WORD.sub(lambda m: rf" \text{{{m.group(1)}{m.group(2)}}} ", text)
+    text = _unwrap_text_math(text)
     text = strip_units(text)
     text = _unwrap_command(text, _FONT)
     for pattern, repl in _FRAC_SHORT:

@@ -15,6 +15,7 @@ Called from ``equivalence.nodes_equal`` with that function as ``equal`` (for the
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import sympy
@@ -28,6 +29,7 @@ Equal = Callable[[Node, Node], bool]
 _INTERVAL_OPS = {"<": (True, "<"), "<=": (False, "<"), ">": (True, ">"), ">=": (False, ">")}
 _FLIP = {"<": ">", "<=": ">=", ">": "<", ">=": "<=", "!=": "!="}
 _UNDEFINED = (sympy.zoo, sympy.nan)
+_ABS = re.compile(r"^\|\s*[a-zA-Z]\s*\|$")
 
 
 def label_of(node: Equation) -> str | None:
@@ -87,21 +89,19 @@ def _constant(latex: str) -> bool:
 
 
 def as_interval(node: Node) -> Node:
-    """A one-variable inequality (``x > 2``, ``1 < x \\le 3``, ``x \\ne 3``) -> the set it defines."""
+    """A one-variable inequality (``x > 2``, ``1 < x \\le 3``, ``x \\ne 3``, ``1 \\le |z| < 2``) -> its set."""
     if not isinstance(node, Relation) or len(node.sides) not in (2, 3):
         return node
     sides, ops = list(node.sides), list(node.ops)
-    if len(sides) == 2 and VARIABLE.match(sides[1]) and not VARIABLE.match(sides[0]):
+    if len(sides) == 2 and _is_variable(sides[1]) and not _is_variable(sides[0]):
         sides, ops = sides[::-1], [_FLIP[ops[0]]]
     var_index = 0 if len(sides) == 2 else 1
-    if not VARIABLE.match(sides[var_index]) or ("!=" in ops and len(sides) != 2):
+    if not _is_variable(sides[var_index]) or ("!=" in ops and len(sides) != 2):
         return node
     if not all(_constant(s) for i, s in enumerate(sides) if i != var_index):
         return node  # y \le 3 - x is not an interval
     if ops[0] == "!=":
-        point = Scalar(latex=sides[1])
-        return Union(parts=(Bracketed(left="(", right=")", items=(Scalar(latex=r"-\infty"), point)),
-                            Bracketed(left="(", right=")", items=(point, Scalar(latex=r"\infty")))))
+        return _without_point(sides[1]) if VARIABLE.match(sides[0]) else node
     if len(sides) == 3:
         (open_l, dir_l), (open_r, dir_r) = _INTERVAL_OPS[ops[0]], _INTERVAL_OPS[ops[1]]
         if dir_l != dir_r:
@@ -115,8 +115,35 @@ def as_interval(node: Node) -> Node:
             lo, hi, open_lo, open_hi = r"-\infty", sides[1], True, is_open
         else:
             lo, hi, open_lo, open_hi = sides[1], r"\infty", is_open, True
+    if _ABS.match(sides[var_index]):
+        return _absolute(lo, hi, open_lo, open_hi, node)
+    return _interval(lo, hi, open_lo, open_hi)
+
+
+def _is_variable(text: str) -> bool:
+    return bool(VARIABLE.match(text) or _ABS.match(text))
+
+
+def _interval(lo: str, hi: str, open_lo: bool, open_hi: bool) -> Bracketed:
     return Bracketed(left="(" if open_lo else "[", right=")" if open_hi else "]",
                      items=(parse_structure(lo), parse_structure(hi)))
+
+
+def _without_point(point: str) -> Union:
+    """``x \\ne c``: the reals without ``c``."""
+    return Union(parts=(_interval(r"-\infty", point, True, True), _interval(point, r"\infty", True, True)))
+
+
+def _absolute(lo: str, hi: str, open_lo: bool, open_hi: bool, node: Node) -> Node:
+    """``lo < |z| < hi`` -> ``(-hi, -lo) \\cup (lo, hi)`` (``lo`` a constant >= 0, or no lower bound)."""
+    if lo == r"-\infty":
+        lo, open_lo = "0", False
+    if not bool(to_sympy(lo) >= 0) or to_sympy(hi).has(*_UNDEFINED):
+        return node
+    negative = _interval(hi if hi == r"\infty" else f"-({hi})", f"-({lo})", open_hi, open_lo)
+    if hi == r"\infty":
+        negative = _interval(r"-\infty", f"-({lo})", True, open_lo)
+    return Union(parts=(negative, _interval(lo, hi, open_lo, open_hi)))
 
 
 def relations_equal(gold: Relation, pred: Relation) -> bool:

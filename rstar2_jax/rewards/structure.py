@@ -33,9 +33,11 @@ from rstar2_jax.rewards.split import StructureError, split_parts, split_top
 
 __all__ = ["Based", "Bracketed", "Equation", "Matrix", "Node", "Record", "Relation", "Scalar", "StructureError",
            "Union", "Unordered", "balanced", "is_textual", "parse_structure", "split_top", "text_key"]
-_MATRIX = re.compile(r"^\\begin\{([pbB]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.S)
+_MATRIX = re.compile(r"^\\begin\{([pbB]?matrix|array)\}(?:\{[^{}]*\})?((?:(?!\\begin\{|\\end\{).)*)\\end\{\1\}$", re.S)
 _BASED = re.compile(r"^(?=[0-9A-Z]*\d)([0-9A-Z]+)_\{?(\d+)\}?$")
-_LIST_WORD = r"\\text\{,? ?(?:and|or)\}|(?<![a-zA-Z\\])(?:and|or)(?![a-zA-Z])"
+# "and"/"or" as words, or glued between a value and the next item (``W(x)=1orW(x)=-1``).
+_LIST_WORD = (r"\\text\{,? ?(?:and|or)\}|(?<![a-zA-Z\\])(?:and|or)(?![a-zA-Z])"
+              r"|(?<=[\d)}])(?:and|or)(?=[A-Z(\\])")
 _ITEM_SEP = re.compile(r", ?(?:" + _LIST_WORD + r")|" + _LIST_WORD + r"|,")  # "2, 5, and 7": one separator
 _ANY_SEP = re.compile(_ITEM_SEP.pattern + r"|;")  # inside brackets ``;`` separates items too: (0;1)
 _GROUP_SEP = re.compile(r";")
