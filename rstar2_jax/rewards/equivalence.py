@@ -3,67 +3,78 @@
 ``check(pred, gold) -> Verdict`` is a pure function of two LaTeX strings (the contents of the boxes;
 see ``extract.py``). It runs in-process and has no timeout of its own: callers that face model text
 use ``verify.verify_batch``, which runs it in killable processes. Nothing here ``eval``s text; LaTeX
-is read by latex2sympy2_extended (ANTLR grammar) and compared with sympy.
+is read by latex2sympy2_extended (ANTLR grammar) and compared with sympy. For RL a wrong 0 is as
+harmful as a wrong 1 (it teaches the policy to avoid a correct way of writing), so the policy
+accepts every spelling of the same answer and nothing else.
 
-Policy (each point has cases in ``tests/rewards/reward_cases.py``; the Math-Verify-style answers
-real models write are in ``tests/rewards/mv_style_cases.py``):
+Policy (cases: ``tests/rewards/reward_cases.py``; answers as real models write them, in
+Math-Verify's conventions: ``tests/rewards/mv_style_cases.py``, per class ``test_rewards_classes.py``):
 
 * **Presentation is ignored** (``normalize.py``): ``\\dfrac``/``\\tfrac``, ``\\left``/``\\right``,
-  spacing commands, ``$``/``\\$``, font wrappers, ``\\frac12``, ``.5``, thousands separators in all
-  forms (``1,000``, ``10{,}000``, ``10,\\!000``, ``10\\,000``, ``1~000``, ``1 000``), trailing
-  units (``\\text{ cm}``, ``\\textnormal{ miles}``, ``\\mathrm{km}``, ``125 miles``), text macros
-  around a number (``\\textbf{5}``, ``\\mbox{5}``), ``x \\in`` prefixes, math delimiters
-  (``\\( \\)``), ASCII relations (``>=``, ``=<``, ``!=`` are ``\\ge``, ``\\le``, ``\\ne``). If the normalised strings are equal the answer is right (``string``); this is
-  also the only comparison for answers the guard refuses (``guard.py``).
+  spacing commands, ``$``/``\\$``/``€``, math delimiters ``\\( \\)``, font wrappers, ``\\frac12``,
+  ``.5``, thousands separators in all forms (``1,000``, ``10{,}000``, ``10,\\!000``, ``10\\,000``,
+  ``1~000``, ``1\\ 000``, ``1 000``), trailing units (``\\text{ cm}``, ``\\textnormal{ miles}``,
+  ``\\mathrm{km}``, ``\\operatorname{cm}``, ``125 miles``; not ``\\mathrm{e}``, ``\\mathrm{i}``), text
+  macros around math (``\\textbf{5}``, ``\\mbox{5}``), ``x \\in`` prefixes, ASCII and variant
+  relations (``>=``, ``=<``, ``!=``, ``\\geqslant``, ``\\neq`` are ``\\ge``, ``\\le``, ``\\ne``). If the
+  normalised strings are equal the answer is right (``string``); this is also the only comparison
+  for answers the guard refuses (``guard.py``).
 * **Numbers are exact**: rationals compare exactly; a decimal is the rational it spells
   (``0.5`` = ``\\frac12``, ``5.0`` = ``5``, but ``0.333`` != ``\\frac13``, ``4.99`` != ``5``, and
-  ``3.14`` != ``\\pi``). Irrational constants compare to 50 digits (``\\sqrt8`` = ``2\\sqrt2``);
-  expressions with symbols compare symbolically / at random points with symbols positive
-  (``(x+1)^2`` = ``x^2+2x+1``, ``\\sqrt{1/n}`` = ``1/\\sqrt n``). Variables must match (``p-q``
-  != ``a-b``). Mixed numbers: ``1\\frac45`` = 9/5. See ``scalar.py``. A decimal comma that cannot
-  be a thousands separator (``1000,99``, ``0,111``) matches a decimal written with a point
-  (``numerals.py``).
+  ``3.14`` != ``\\pi``; math-verify rounds, we do not). Irrational constants compare to 50 digits
+  (``\\sqrt8`` = ``2\\sqrt2``); expressions with symbols compare symbolically / at random points
+  with symbols positive (``(x+1)^2`` = ``x^2+2x+1``, ``\\sqrt{1/n}`` = ``1/\\sqrt n``). Variables
+  must match (``p-q`` != ``a-b``). Mixed numbers: ``1\\frac45`` = 9/5. See ``scalar.py``. A decimal
+  comma that cannot be a thousands separator (``1000,99``, ``0,111``) matches a decimal written
+  with a point (``numerals.py``); ``1, 22`` (comma and space) stays a list.
 * **Undefined is never equal**: a value with a zero denominator (``\\frac{3}{0}``, ``7:0``, ``0/0``)
-  equals nothing, not even another undefined value; infinity equals only the same signed
-  infinity (``\\infty`` = ``+\\infty`` != ``-\\infty``), and then only when written as infinity
-  (not as ``\\frac{1}{0}``). Why: sympy makes every such value ``zoo`` and ``zoo == zoo``.
-* **Clock times are times** (``numerals.py``): ``h:mm`` on both sides compares as a time of day
-  (``2:15`` != ``6:45``, ``2:30 \\text{ p.m.}`` = ``14:30``); otherwise ``a:b`` is the ratio a/b
-  (``7:32`` = ``14:64``).
-* **Percent is a value**: ``28\\%`` = 0.28 = ``\\frac{7}{25}``; so ``28\\%`` != ``28`` both ways
-  (unlike math-verify, which takes ``28`` for ``28\\%``). ``28 percent``, ``28 pct``,
-  ``28 \\text{ percentage}`` are ``28\\%``.
+  equals nothing, not even itself; infinity equals only the same signed infinity written as
+  infinity (``\\infty`` = ``+\\infty``; != ``-\\infty``, != ``\\frac{1}{0}``). Why: sympy makes every
+  such value ``zoo`` and ``zoo == zoo``, so two wrong answers would be "equal".
+* **Clock times are times** (``numerals.py``): ``h:mm`` on both sides is a time of day (``2:15``
+  != ``6:45``, ``12:00`` != ``1:00``, ``2:30 \\text{ p.m.}`` = ``14:30``); otherwise ``a:b`` is the
+  ratio a/b (``7:32`` = ``14:64``).
+* **Percent is a value**: ``28\\%`` = 0.28 = ``\\frac{7}{25}``, and ``28 percent``, ``28 pct``,
+  ``28 \\text{ percentage}`` are ``28\\%``; so ``28\\%`` != ``28`` both ways (math-verify takes ``28``
+  for ``28\\%``; we keep the value).
 * **Degrees are a unit annotation**: ``90^\\circ`` = ``90`` (both ways); an angle in degrees never
   equals its radian value (``90^\\circ`` != ``\\frac{\\pi}{2}``). A degree mark (like ``%``) may
   only end an item; anywhere else (``1^\\circ29``) the answer is unparseable.
 * **Collections keep their kind** (``structure.py``): ordered tuples ``(a,b)`` compare in order;
   sets ``\\{a,b\\}`` and bare lists ``a, b`` (also ``a \\pm b``) compare as sets and are
-  interchangeable (a lone answer is a one-element list, so ``\\{3\\}`` = ``3``); worded lists are
-  lists (``2, 5, and 7``, ``2, 5 \\text{ and } 7``, ``2 \\text{ or } 5``, in golds too), and ``;``
-  separates groups (``p=5, q=2; p=7, q=2``). Intervals compare
-  endpoints and open/closed ends (``(1,2]`` != ``(1,2)`` != ``[1,2]``). A tuple never equals a set
-  or a bare list. Unions of intervals compare as point sets. An inequality solved for one variable
-  (``x > 2``, ``1 < x \\le 3``, ``x \\ne 3``) is the set it defines; other inequalities compare as relations
-  (same direction, positive multiples: ``a \\le b`` = ``b \\ge a``) and never equal a solved form
-  (``2x \\le 6`` != ``x \\le 3``: restating the problem is not solving it). A gold written as a
-  membership, ``x \\in [-2,7]``, asks for the set: ``[-2,7]`` matches it, the inequality
-  ``-2 \\le x \\le 7`` does not (math-verify's convention; a bare interval gold is matched by it).
+  interchangeable (a lone answer is a one-element list, so ``\\{3\\}`` = ``3``). Worded lists are
+  lists, in answers and golds (``2, 5, and 7``, ``2, 5 \\text{ and } 7``, ``2 \\text{ or } 5``);
+  ``;`` separates groups (``-12; -11``, ``p=5, q=2; p=7, q=2``). Intervals compare endpoints and
+  open/closed ends (``(1,2]`` != ``(1,2)`` != ``[1,2]``). A tuple never equals a set or a bare list
+  (math-verify reads ``{1,3}`` as the tuple ``(1,3)``; we do not). Unions of intervals compare as
+  point sets. An inequality solved for one variable (``x > 2``, ``1 < f(x) \\le 3``, ``x \\ne 3``,
+  ``1 \\le |z| \\le 2``) is the set it defines; other inequalities compare as relations (same
+  direction, positive multiples: ``a \\le b`` = ``b \\ge a``) and never equal a solved form
+  (``2x \\le 6`` != ``x \\le 3`` and ``-x > -1`` != ``x < 1``: restating the problem is not solving
+  it). A gold written as a membership, ``x \\in [-2,7]``, asks for the set: ``[-2,7]`` matches it,
+  ``-2 \\le x \\le 7`` does not (math-verify's convention); a bare interval gold is matched by the
+  inequality that defines it.
 * **Matrices** compare element-wise after a shape check; the delimiter style (``pmatrix``,
-  ``bmatrix``) does not matter; a matrix never equals a tuple.
-* **Equations are equations**: two equations are equal when one is a nonzero constant multiple of
-  the other (``y = 2x+3`` = ``2x - y + 3 = 0``), never by comparing right-hand sides. An assignment
-  to a bare variable (``x = 5``, ``f(x) = ...``, ``x = \\frac{10}{2} = 5``) equals its value, so
-  ``x = 5`` = ``5`` both ways, but ``x = 5`` != ``y = 5``, ``x^2 = 4`` != ``4`` and a value is
-  not matched by an unsolved equation (``x = 2`` != ``2x = 4``). ``\\approx`` after an exact value
-  only annotates it (``x = \\frac13 \\approx 0.33`` is ``x = \\frac13``); see ``relations.py``.
-* **Labelled answers** (``labels.py``): ``x``, ``f(x)``, ``AB``, ``V_1:V_2``, ``\\frac{NO}{BO}`` label
-  the value after ``=``. Assignments to several names are a *record*: ``m=4, n=1`` and
-  ``(m,n)=(4,1)`` equal each other (by name, in any order), equal the tuple ``(4,1)`` in the order
-  written (so ``m=1, n=4`` != ``(4,1)``), and equal the list ``4, 1`` as a set. A tuple still
-  never equals a bare list or a set; only the labels make a record.
+  ``bmatrix``) does not matter; a matrix expression of literal matrices (``A + B``, ``2A``, ``AB``)
+  is the matrix it evaluates to; a matrix never equals a tuple.
+* **Equations are equations** (``relations.py``): two equations are equal when one is a nonzero
+  constant multiple of the other (``y = 2x+3`` = ``2x - y + 3 = 0``), never by comparing right-hand
+  sides. An assignment to a label (``x = 5``, ``f(x) = ...``, ``x = \\frac{10}{2} = 5``) equals its
+  value, so ``x = 5`` = ``5`` both ways, but ``x = 5`` != ``y = 5``, ``x^2 = 4`` != ``4``,
+  ``2+3 = 5`` != ``5`` and a value is not matched by an unsolved equation (``x = 2`` != ``2x = 4``).
+  ``\\approx`` after an exact value only annotates it (``x = \\frac13 \\approx 0.33`` is
+  ``x = \\frac13``; ``x \\approx 11`` is ``x = 11``).
+* **Labelled answers** (``labels.py``): ``x``, ``f(x)``, ``AB``, ``V_1:V_2``, ``\\frac{NO}{BO}``,
+  ``(m,n)`` label the value after ``=``; a function's name ignores case and its argument may be
+  renamed (``P(x) = 1`` = ``p(t) = 1``). Assignments to several names are a *record*: ``m=4, n=1``
+  = ``(m,n)=(4,1)`` = ``n=1, m=4`` (by name), = the tuple ``(4,1)`` in the order written (so
+  ``m=1, n=4`` != ``(4,1)``, and ``n=1, m=4`` != ``(4,1)``: without the question the written order
+  is the only order), = the list ``4, 1`` as a set. Only labels make a record: ``(4,1)`` still !=
+  ``4, 1``.
 * **Several boxes** (``boxes.py``): k different boxes answer a collection gold of k items (a tuple
-  in order, a set/list as a set); for a single-value gold several different boxes are a hedge and
-  score 0 (reason ``several``).
+  in order, a set/list as a set); against a single-value gold, several different boxes are two
+  answers to one question, a hedge, and score 0 (reason ``several``; math-verify would take the
+  last box when no "and"/"or"/comma joins them). The same box repeated is one answer.
 * **Words**: a gold written as text (``\\text{Evelyn}``, multiple-choice ``\\text{(C)}``) is
   compared as case-insensitive words without wrappers or parentheses (``C``, ``(C)``, ``\\text{c}``).
 * **Base-n numerals**: ``52_8`` = ``52`` (same digits; bases must agree when both are given).
@@ -176,7 +187,7 @@ def _check_boxes(boxes: list[str], gold: str) -> Verdict:
 
 def _numeral_verdict(pred: str, gold: str, p: str, g: str) -> Verdict | None:
     """Clock times and decimal commas (``numerals.py``), read from the raw texts; None: not such."""
-    p_time, g_time = clock_time(pred), clock_time(gold)
+    p_time, g_time = clock_time(pred, p), clock_time(gold, g)
     if p_time is not None and g_time is not None:
         same = times_equal(g_time, p_time)
         return Verdict(correct=same, reason="equivalent" if same else "different")

@@ -14,21 +14,20 @@ import re
 
 import sympy
 
-_CLOCK = re.compile(
-    r"^\s*\$?\s*(\d{1,2})\s*:\s*(\d{2})\s*(?:\\(?:text|textrm|mathrm|mbox)\s*\{\s*)?"
-    r"(?:([aApP])\.?\s*[mM]\.?)?\s*\}?\s*\$?\s*\.?\s*$")
+_CLOCK = re.compile(r"^(\d{1,2}):(\d{2})(?:\s*[aApP]\.?\s*[mM]\.?)?$")
+_HALF = re.compile(r"(?<![a-zA-Z])([aApP])\.?\s*[mM](?![a-zA-Z])")  # a.m., PM, pm
 _DECIMAL_COMMA = re.compile(r"^\s*\$?\s*([+-]?\d+),(\d+)\s*\$?\s*$")
 _THOUSANDS = re.compile(r"^[+-]?[1-9]\d{0,2}$")
 _POINT_DECIMAL = re.compile(r"^[+-]?\d*\.\d+$")
 
 
-def clock_time(raw: str) -> tuple[int, int, str | None] | None:
-    """``"2:15 p.m."`` -> ``(2, 15, "p")``; None unless ``raw`` is a time of day."""
-    match = _CLOCK.match(raw)
+def clock_time(raw: str, normalized: str) -> tuple[int, int, str | None] | None:
+    """``"2:15 \\text{ p.m.}"`` (normalised ``"2:15"``) -> ``(2, 15, "p")``; None unless a time of day."""
+    match = _CLOCK.match(normalized)
     if match is None:
         return None
-    hours, minutes, half = int(match.group(1)), int(match.group(2)), match.group(3)
-    half = half.lower() if half else None
+    half = _HALF.search(raw[raw.rfind(":"):])
+    hours, minutes, half = int(match.group(1)), int(match.group(2)), half.group(1).lower() if half else None
     if minutes > 59 or hours > (12 if half else 24):
         return None
     return hours, minutes, half

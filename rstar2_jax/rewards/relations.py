@@ -19,6 +19,7 @@ import re
 from typing import Callable
 
 import sympy
+from sympy.core.function import AppliedUndef
 
 from rstar2_jax.rewards.labels import VARIABLE, argument_renaming, is_label, label_key, rename
 from rstar2_jax.rewards.scalar import ParseError, proportional, to_sympy
@@ -84,8 +85,12 @@ def equations_equal(gold: Node, pred: Node, equal: Equal) -> bool:
 
 
 def _constant(latex: str) -> bool:
+    """A number: no symbols, and no unknown function (``f(3)`` is not a bound)."""
     node = parse_structure(latex)
-    return isinstance(node, Scalar) and not to_sympy(node.latex).free_symbols
+    if not isinstance(node, Scalar):
+        return False
+    value = to_sympy(node.latex)
+    return not value.free_symbols and not value.atoms(AppliedUndef)
 
 
 def as_interval(node: Node) -> Node:
@@ -121,7 +126,10 @@ def as_interval(node: Node) -> Node:
 
 
 def _is_variable(text: str) -> bool:
-    return bool(VARIABLE.match(text) or _ABS.match(text))
+    """The variable of a one-variable inequality: ``x``, ``a_n``, ``f(x)`` (not ``f(3)``), ``|z|``."""
+    if _ABS.match(text):
+        return True
+    return bool(VARIABLE.match(text)) and not re.search(r"\([^()]*[^a-zA-Z()\s,][^()]*\)", text)
 
 
 def _interval(lo: str, hi: str, open_lo: bool, open_hi: bool) -> Bracketed:

@@ -223,8 +223,9 @@ def _parse_item(text: str) -> Node:
     approx = split_top(text, _APPROX)
     if len(approx) > 1:  # x = 1/3 \approx 0.33 -> x = 1/3; x \approx 11 -> x = 11; \approx 11 -> 11
         before = approx[0].strip()
-        text = before if len(split_top(before, _EQ)) > 1 else "=".join(a for a in approx if a.strip())
-        return _parse_item(text.strip())
+        if not before:
+            return _parse_item(approx[-1].strip())
+        return _parse_item(f"{before}={approx[-1].strip()}" if is_label(before) else before)
     sides = split_top(text, _EQ)
     if len(sides) > 1:
         if any(not s.strip() for s in sides):
