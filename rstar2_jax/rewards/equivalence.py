@@ -97,12 +97,13 @@ from rstar2_jax.rewards.relations import as_interval, equations_equal, relations
 from rstar2_jax.rewards.scalar import ParseError, Refused, matrix_value, to_sympy, values_equal
 from rstar2_jax.rewards.structure import (Based, Bracketed, Equation, Matrix, Node, Record, Relation, Scalar,
                                           StructureError, Union, Unordered, balanced, is_textual,
-                                          parse_structure, text_key)
+                                          parse_structure, split_top, text_key)
 
 REASONS = ("string", "equivalent", "different", "several", "empty", "unparseable", "gold-unparseable", "refused")
 # A zero denominator somewhere: the identical strings may still be undefined (never equal).
 _ZERO_DIVISOR = re.compile(r"(?:/|:|\\frac\{[^{}]*\})\s*\{?\s*0+(?:\.0*)?\s*\}?(?![\d.])")
 _INFINITY = re.compile(r"([+-]?)\\infty")
+_COLON = re.compile(":")
 _MEMBERSHIP = re.compile(r"^\s*[a-zA-Z]\s*\\in(?![a-zA-Z])")
 _NON_FINITE = (sympy.oo, -sympy.oo, sympy.zoo, sympy.nan)
 
@@ -251,6 +252,9 @@ def nodes_equal(gold: Node, pred: Node) -> bool:
 
 def _scalars_equal(gold: str, pred: str) -> bool:
     """Values of two leaves; undefined and infinite values only as the policy allows."""
+    g_parts, p_parts = split_top(gold, _COLON), split_top(pred, _COLON)
+    if len(g_parts) > 2 or len(p_parts) > 2:  # a:b:c is no number: 1:2:3 = 2:4:6 != 2:4:3
+        return len(g_parts) == len(p_parts) and _proportional_parts(g_parts, p_parts)
     g, p = to_sympy(gold), to_sympy(pred)
     if g.has(*_NON_FINITE) or p.has(*_NON_FINITE):
         g_inf, p_inf = _INFINITY.fullmatch(gold.strip()), _INFINITY.fullmatch(pred.strip())
@@ -278,6 +282,15 @@ def _matrix_values_equal(gold: Node, pred: Node) -> bool:
 
     g, p = entries(gold), entries(pred)
     return g.shape == p.shape and all(values_equal(a, b) for a, b in zip(g, p))
+
+
+def _proportional_parts(gold: list[str], pred: list[str]) -> bool:
+    """Ratios ``a:b:c``: the same parts up to one common factor (cross products agree), all finite."""
+    g, p = [to_sympy(x) for x in gold], [to_sympy(x) for x in pred]
+    if any(v.has(*_NON_FINITE) for v in g + p) or [v == 0 for v in g] != [v == 0 for v in p] or all(v == 0 for v in g):
+        return False
+    k = next(i for i, v in enumerate(g) if v != 0)
+    return all(values_equal(g[i] * p[k], p[i] * g[k]) for i in range(len(g)))
 
 
 def _same_set(gold: tuple[Node, ...], pred: tuple[Node, ...]) -> bool:

@@ -20,7 +20,8 @@ spelling, so equal answers written differently become equal strings and the stru
 * math delimiters ``\\( \\)`` ``\\[ \\]``; ASCII and variant relations (``>=``, ``=<``, ``!=``,
   ``\\geqslant``, ``\\neq``) -> ``\\ge``/``\\le``/``\\ne``; ``percent``/``pct``/``percentage``
   after a number -> ``%``; text macros around a number (``\\textbf{5}``, ``\\mbox{5}``) are
-  unwrapped; a plain space between digit groups (``1 000 000``) is a thousands separator.
+  unwrapped; a plain space between digit groups (``1 000 000``) is a thousands separator;
+  ``\\operatorname{sin}``/``\\mathrm{lcm}`` are the functions ``\\sin``/``\\lcm``.
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ _SIMPLE_REPLACEMENTS: tuple[tuple[str, str], ...] = (
     (r"\not=", r"\ne "), (r"\not =", r"\ne "),
 )
 _MATH_DELIM = re.compile(r"(?<!\\)\\[()\[\]]")
+_INFINITY_WORD = re.compile(r"(?<![a-zA-Z\\])infinity(?![a-zA-Z])")
+# \operatorname{sin}, \mathrm{lcm}: a function written as an operator name is the function.
+_NAMED_FUNCTION = re.compile(r"\\(?:operatorname|mathrm)\s*\{\s*(sin|cos|tan|cot|sec|csc|arcsin|arccos"
+                             r"|arctan|sinh|cosh|tanh|log|ln|exp|lcm|gcd|max|min|det)\s*\}")
 # ASCII relations; ``!=`` after a digit or a closing bracket is a factorial followed by ``=``.
 _ASCII_REL = ((re.compile(r">="), r"\\ge "), (re.compile(r"<=|=<"), r"\\le "),
               (re.compile(r"(?<![\d)}!])!="), r"\\ne "))
@@ -161,6 +166,8 @@ def normalize(latex: str) -> str:
         text = text.replace(old, new)
     for pattern, repl in _ASCII_REL:
         text = pattern.sub(repl, text)
+    text = _NAMED_FUNCTION.sub(lambda m: f"\\{m.group(1)} ", text)
+    text = _INFINITY_WORD.sub(r"\\infty ", text)
     text = _strip_group(text.strip())
     text = _SIZED_DELIM.sub(lambda m: "" if m.group(1) == "." else m.group(1), text)
     text = text.replace(r"\left.", "").replace(r"\right.", "")

@@ -48,7 +48,8 @@ def test_infinity_equals_only_the_same_infinity():
 
 @pytest.mark.parametrize("a,b", [
     ("2:15", "2:15"), ("09:05", "9:05"), ("2:30 \\text{ p.m.}", "14:30"), ("12:00 \\text{ a.m.}", "0:00"),
-    ("7:45 \\text{ PM}", "7:45 \\text{ pm}"), ("7:45", "7:45 \\text{ p.m.}"),
+    ("7:45 \\text{ PM}", "7:45 \\text{ pm}"), ("7:45", "7:45 \\text{ p.m.}"), ("4:05 PM", "16:05"),
+    ("12:00 \\text{ noon}", "12:00"), ("1:02:03", "01:02:03"),
 ])
 def test_clock_times_equal_as_times(a, b):
     assert _both(a, b) == (True, True)
@@ -56,7 +57,7 @@ def test_clock_times_equal_as_times(a, b):
 
 @pytest.mark.parametrize("a,b", [
     ("2:15", "6:45"), ("12:00", "1:00"), ("2:30 \\text{ a.m.}", "2:30 \\text{ p.m.}"), ("2:30", "2:31"),
-    ("10:00", "5:00"), ("3:20", "1:40"),
+    ("10:00", "5:00"), ("3:20", "1:40"), ("1:02:03", "1:02:04"), ("4:05 \\text{ a.m.}", "16:05"),
 ])
 def test_clock_times_are_not_ratios(a, b):
     assert _both(a, b) == (False, False)
@@ -64,7 +65,8 @@ def test_clock_times_are_not_ratios(a, b):
 
 @pytest.mark.parametrize("a,b,same", [
     ("7:32", "14:64", True), ("3:4", "6:8", True), ("3:4", "\\frac{3}{4}", True), ("3:4", "4:3", False),
-    ("1:2:3", "1:2:3", True),
+    ("1:2:3", "1:2:3", True), ("1:2:3", "2:4:6", True), ("1:2:3", "2:4:3", False), ("1:2:3", "1:2", False),
+    ("\\sqrt{2}:2", "1:\\sqrt{2}", True), ("7:0", "14:0", False),
 ])
 def test_ratios_that_are_no_times_compare_as_ratios(a, b, same):
     assert _both(a, b) == (same, same)
@@ -156,7 +158,8 @@ def test_worded_list_near_misses(gold, pred):
     ("125 \\text{ miles}", "125\\textnormal{ miles}"), ("125", "125\\textnormal{ miles}"), ("5", "5 \\mathrm{km}"),
     ("5", "5\\,\\mathrm{km}^2"), ("5", "\\textbf{5}"), ("5", "\\mbox{5}"), ("5", "5 \\operatorname{cm}"),
     ("\\frac{3}{4}", "\\textbf{\\frac{3}{4}}"), ("12", "12 \\textup{ units}"), ("7.5", "7.5 \\mbox{ m}"),
-    ("125", "125 miles"), ("2e", "2\\mathrm{e}"), ("3i", "3\\mathrm{i}"),
+    ("125", "125 miles"), ("2e", "2\\mathrm{e}"), ("3i", "3\\mathrm{i}"), ("\\sin x", "\\operatorname{sin} x"),
+    ("12", "\\mathrm{lcm}(4, 6)"), ("\\frac{\\pi}{4}", "\\operatorname{arctan} 1"),
 ])
 def test_text_and_unit_macros_are_presentation(a, b):
     assert _both(a, b) == (True, True)
