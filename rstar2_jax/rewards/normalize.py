@@ -71,8 +71,8 @@ _TEXT_WORD = re.compile(_TEXT + r"\s*\{\s*(,?)\s*(and|or)\s*\}")  # \textrm{ and
 # A unit: trailing text after some math, optionally squared/cubed (``\mbox{ cm}^2``).
 _TRAILING_UNIT = re.compile(_TEXT + r"\{[^{}]*\}(?:\s*\^\s*\{?\d\}?)?\s*$")
 # ... or a unit word in a math font (``5\mathrm{km}``, ``\operatorname{cm}^2``; not the constants e, i).
-_MATH_UNIT = re.compile(r"(?<=[\d}.\s])\s*\\(?:mathrm|operatorname)\s*\{\s*(?![eid]\s*\})[a-zA-Z][a-zA-Z ./]*\}"
-                        r"(?:\s*\^\s*\{?\d\}?)?\s*$")
+_MATH_UNIT = re.compile(r"(?<=[\d}.\s])\s*\\(?:mathrm|operatorname)\s*\{\s*~?\s*(?:[a-zA-Z]{2,}|[mgsLhKNJWVA])"
+                        r"[a-zA-Z ./]*\}(?:\s*\^\s*\{?\d\}?)?\s*$")  # one letter: an SI symbol only
 # ... or a plain unit word of two or more letters after a number (``125 miles``, ``3 cm^2``).
 _PLAIN_UNIT = re.compile(
     r"(?<=[\d}])\s*(?:cm|mm|km|kg|mg|ft|mph|kmh|km/h|m/s|sq units|square units|units?|miles?|feet|foot"

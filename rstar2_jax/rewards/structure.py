@@ -167,10 +167,11 @@ def parse_structure(text: str) -> Node:
         return Bracketed(left="(", right=")", items=(Scalar(latex=r"-\infty"), Scalar(latex=r"\infty")))
     groups = split_top(text, _GROUP_SEP)
     if len(groups) > 1:
-        nodes = [parse_structure(g) for g in groups]
-        if len(nodes) > MAX_ITEMS:
+        items = tuple(i for g in groups for n in (parse_structure(g),)
+                      for i in (n.items if isinstance(n, Unordered) else (n,)))
+        if len(items) > MAX_ITEMS:
             raise StructureError("too many items")
-        return Unordered(items=tuple(i for n in nodes for i in (n.items if isinstance(n, Unordered) else (n,))))
+        return Unordered(items=items)
     parts = split_top(text, _CUP)
     if len(parts) > 1:
         return Union(parts=tuple(parse_structure(p) for p in parts))
