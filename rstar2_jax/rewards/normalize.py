@@ -121,7 +121,7 @@ def _unwrap_command(text: str, command: str) -> str:
 def _unwrap_text_math(text: str) -> str:
     """``\\textbf{5}``, ``\\mbox{\\frac{3}{4}}`` -> the math inside (a text macro without words in it)."""
     start = 0
-    while True:
+    for _ in range(64):  # a handful in any real answer; the guard refuses long ones later
         match = _TEXT_OPEN.search(text, start)
         if match is None:
             return text
@@ -134,6 +134,7 @@ def _unwrap_text_math(text: str) -> str:
             start = match.start()
         else:
             start = match.end()
+    return text
 
 
 def strip_thousands(item: str) -> str:
@@ -148,7 +149,8 @@ def strip_units(text: str) -> str:
     """Drop trailing unit annotations (``\\text{...}``, ``\\mathrm{km}``, ``miles``) that follow some math."""
     while True:
         match = _TRAILING_UNIT.search(text) or _MATH_UNIT.search(text) or _PLAIN_UNIT.search(text)
-        if match is None or not text[:match.start()].strip():
+        before = text[:match.start()].rstrip() if match else ""
+        if not before or before.endswith((",", ";")):  # a unit follows some math, not a comma
             return text
         text = text[:match.start()].rstrip()
 

@@ -45,7 +45,7 @@ _REL = re.compile(r"\\le(?![a-zA-Z])|\\ge(?![a-zA-Z])|\\lt(?![a-zA-Z])|\\gt(?![a
 _REL_CANON = {r"\le": "<=", r"\ge": ">=", r"\lt": "<", r"\gt": ">", r"\ne": "!=", "<": "<", ">": ">"}
 _APPROX = re.compile(r"\\approx(?![a-zA-Z])")
 _PM = re.compile(r"\\(?:pm|mp)(?![a-zA-Z])")
-_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mbox|hbox)\s*\{")
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|textnormal|textup|textsl|mbox|hbox)\s*\{")
 _NEVER = re.compile(r"(?!)")
 _EQ = re.compile(r"=")
 _CUP = re.compile(r"\\cup(?![a-zA-Z])")
