@@ -16,6 +16,9 @@ from __future__ import annotations
 from reward_cases import Case
 
 B = "\\boxed"
+_A = "\\begin{pmatrix}2 & 3 \\\\ 4 & 5\\end{pmatrix}"  # matrix expressions: A + B, I A
+_B = "\\begin{pmatrix}5 & 6 \\\\ 7 & 8\\end{pmatrix}"
+_I = "\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix}"
 
 MV_STYLE: list[Case] = [
     # --- numbers: signs, separators, decimal commas, currency -------------------------------------
@@ -283,8 +286,7 @@ MV_STYLE: list[Case] = [
     Case("r = 31, s = 4", f"{B}{{r = 31}} \\quad \\text{{and}} \\quad {B}{{s = 5}}", False, "boxes"),
     Case("(4,3),(3,4),(-2,-15),(-15,-2)", f"so \\[{B}{{(3, 4)}}, {B}{{(4, 3)}}, {B}{{(-2, -15)}}, {B}{{(-15, -2)}}\\]",
          True, "boxes"),
-    Case("(4,3),(3,4),(-2,-15),(-15,-2)", f"so \\[{B}{{(3, 4)}}, {B}{{(4, 3)}}, {B}{{(-2, -15)}}\\]",
-         False, "boxes"),
+    Case("(4,3),(3,4),(-2,-15),(-15,-2)", f"so \\[{B}{{(3, 4)}}, {B}{{(4, 3)}}, {B}{{(-2, -15)}}\\]", False, "boxes"),
     Case("\\(\\boxed{3}\\) and \\(\\boxed{-4}\\).", f"${B}{{-4,3}}$.", True, "boxes-gold"),
     Case(f"{B}{{3}}{B}{{5}}", f"{B}{{3,5}}", True, "boxes-gold"),
     Case(f"{B}{{3}}, {B}{{5}}, {B}{{11}}", "{3, 5, 11}", True, "boxes-gold"),
@@ -325,8 +327,7 @@ MV_STYLE: list[Case] = [
     Case("\\begin{bmatrix}0 & 0 \\\\0 & 0\\end{bmatrix}",
          "\\begin{pmatrix}0 & 0 \\\\0 & 0\\end{pmatrix}", True, "matrix"),
     Case("\\begin{pmatrix}5 & 6 \\\\7 & 8\\end{pmatrix}",
-         "\\left[\\begin{array}{cc}5 & 6 \\\\7 & 8\\end{array}\\right]",
-         True, "matrix"),
+         "\\left[\\begin{array}{cc}5 & 6 \\\\7 & 8\\end{array}\\right]", True, "matrix"),
     Case("\\begin{pmatrix}\\frac{1}{3} & \\frac{2}{5} \\\\ \\frac{3}{7} & \\frac{4}{9}\\end{pmatrix}",
          "\\begin{pmatrix}\\frac{1}{3} & \\frac{2}{5} \\\\ \\frac{3}{7} & \\frac{4}{9}\\end{pmatrix}", True, "matrix"),
     Case("\\begin{pmatrix}5 & 6 \\\\ 7 & 8\\end{pmatrix}",
@@ -336,20 +337,16 @@ MV_STYLE: list[Case] = [
     Case("\\begin{pmatrix} 0 & 2 \\\\ 0 & -3 \\end{pmatrix}",
          "\\boxed{\n\\begin{pmatrix} 0 & 2 \\\\ 0 & -3 \\end{pmatrix}\n}.", True, "matrix"),
     Case("\\begin{pmatrix} 0 & 2 \\\\ 0 & -3 \\end{pmatrix}", "(0, 2, 0, -3)", False, "matrix"),
-    Case("\\begin{pmatrix}7 & 9 \\\\ 11 & 13\\end{pmatrix}",
-         "\\begin{pmatrix}2 & 3 \\\\ 4 & 5\\end{pmatrix} + \\begin{pmatrix}5 & 6 \\\\ 7 & 8\\end{pmatrix}", True, "matrix"),
-    Case("\\begin{pmatrix}7 & 9 \\\\ 11 & 14\\end{pmatrix}",
-         "\\begin{pmatrix}2 & 3 \\\\ 4 & 5\\end{pmatrix} + \\begin{pmatrix}5 & 6 \\\\ 7 & 8\\end{pmatrix}", False, "matrix"),
-    Case("\\begin{pmatrix}2 & 3 \\\\ 4 & 5\\end{pmatrix}",
-         "\\begin{pmatrix}1 & 0 \\\\ 0 & 1\\end{pmatrix} \\begin{pmatrix}2 & 3 \\\\ 4 & 5\\end{pmatrix}", True, "matrix"),
-    Case("\\begin{pmatrix}2 & 3 \\\\ 4 & 5\\end{pmatrix}", "2", False, "matrix"),
+    Case("\\begin{pmatrix}7 & 9 \\\\ 11 & 13\\end{pmatrix}", f"{_A} + {_B}", True, "matrix"),
+    Case("\\begin{pmatrix}7 & 9 \\\\ 11 & 14\\end{pmatrix}", f"{_A} + {_B}", False, "matrix"),
+    Case(_A, f"{_I} {_A}", True, "matrix"),
+    Case(_A, "2", False, "matrix"),
     # --- expressions --------------------------------------------------------------------------------------------
     Case("(2,\\frac{7}{2})", "(2,3.5)", True, "exact-decimal"),
     Case("\\frac{x+5}{9}", "\\frac{x}{9}+\\frac{5}{9}", True, "symbolic"),
     Case("\\cot^2(u)+1", "\\csc^2(u)", True, "trig"),
     Case("\\frac{\\sqrt{\\sqrt{7}+\\sqrt{133}}}{11+2\\sqrt{30}}",
-         "\\frac{\\sqrt{\\sqrt{7}+\\sqrt{133}}}{2\\sqrt{30}+11}",
-         True, "symbolic"),
+         "\\frac{\\sqrt{\\sqrt{7}+\\sqrt{133}}}{2\\sqrt{30}+11}", True, "symbolic"),
     Case("(c+3)(d+4)", "(+3)(d+4)", False, "symbolic"),
     Case("3", "\\frac{1+\\sqrt{7}}{2}", False, "radical"),
     Case("5", "\\frac{41}{16}+\\frac{\\sqrt{1214}}{16}", False, "radical"),

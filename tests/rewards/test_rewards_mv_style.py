@@ -47,3 +47,11 @@ def test_mv_style_table_through_reward_fn(reward_pool):
     wrong = [(c, info["reason"]) for c, (reward, info) in zip(MV_STYLE, out) if (reward == 1.0) is not c.expected]
     assert not wrong
     assert all(info["status"] == "ok" for _, info in out)
+
+
+def test_normalize_is_idempotent_on_both_tables():
+    from reward_cases import CASES
+    from rstar2_jax.rewards.normalize import normalize
+
+    texts = {t for c in CASES + MV_STYLE for t in (c.gold, c.pred)}
+    assert [t for t in texts if normalize(normalize(t)) != normalize(t)] == []
