@@ -17,10 +17,10 @@ Trajectory = str | Sequence[str]  # full assistant text, or its per-turn assista
 class RewardFn:
     """``reward_fn(text_or_turns, gold) -> (reward, info)``; ``reward_fn.batch(texts, golds)``.
 
-    ``info`` holds ``answer`` (extracted box content or None), ``extract_status`` (``extract.py``),
-    ``status``/``reason`` (``verify.py``), ``correct``, ``verify_s`` (the check's own time),
-    ``time_s`` (wall time of the whole call, shared by a batch) and ``format`` (``FormatStats``,
-    the counts behind GRPO-RoC's ``p_format``).
+    ``info`` holds ``answer`` (extracted box content, several boxes joined, or None),
+    ``extract_status`` (``extract.py``), ``status``/``reason`` (``verify.py``), ``correct``,
+    ``verify_s`` (the check's own time), ``time_s`` (wall time of the whole call, shared by a batch)
+    and ``format`` (``FormatStats``, the counts behind GRPO-RoC's ``p_format``).
     """
 
     timeout_s: float = 5.0  # hard limit per check (killed from outside)
