@@ -1,9 +1,10 @@
 """Evaluate a policy on math benchmarks: pass@1 = mean correctness over k samples per problem.
 
 Same template, tool loop (sandboxed Python), engines and verifier as training. Datasets are JSONL
-files given by path: ``--data NAME=PATH`` (repeatable) or positional paths whose file stem is the
-name; names: AIME24, AIME25, HMMT25, MATH-500, AMC23. Writes ``<out>/<name>.jsonl`` (one row per
-problem) and ``<out>/summary.json``, and prints the summary table.
+files given by path: ``--data NAME=PATH`` (repeatable, any name) or positional paths whose file stem
+is the name; the known benchmarks (AIME24, AIME25, HMMT25, MATH-500, AMC23, in any spelling) only
+supply display names. Writes ``<out>/<name>.jsonl`` (one row per problem) and ``<out>/summary.json``,
+and prints the summary table.
 
   python experiments/eval_math.py --hf models/rstar2-14b --data aime24=data/aime24.jsonl \\
       --data math500=data/math500.jsonl --k 16 --temperature 0.6 --top-p 0.95 --budget 16384
@@ -28,7 +29,8 @@ from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="*", help="dataset JSONL files whose stem names the dataset")
-    ap.add_argument("--data", action="append", default=[], metavar="NAME=PATH", help="a dataset (repeatable)")
+    ap.add_argument("--data", action="append", default=[], metavar="NAME=PATH",
+                    help="a dataset of any name (repeatable)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf", metavar="DIR", help="HF safetensors directory (config.json, tokenizer.json)")
     src.add_argument("--checkpoint", metavar="DIR", help="orbax checkpoint dir, or a toy run dir with args.json")

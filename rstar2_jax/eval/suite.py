@@ -4,8 +4,10 @@ Each dataset gets ``<out>/<name>.jsonl`` (one row per problem, see ``evaluate``)
 the summary table (dataset, n, k, pass@1, mean response length, tool calls per trajectory), which
 is printed and written to ``<out>/summary.json`` together with the run's settings.
 
-The benchmark names are fixed (``BENCHMARKS``); files are never looked up by default, so a copy
-of a benchmark kept for tests can never be evaluated by accident.
+A dataset may have any name. The known benchmarks (``BENCHMARKS``) only supply defaults: their
+spellings (``MATH-500``, ``math_500``, ``math500``) share one key and a display name. Files are
+never looked up by default, so a copy of a benchmark kept for tests can never be evaluated by
+accident.
 """
 
 from __future__ import annotations
@@ -26,18 +28,30 @@ BENCHMARKS = {"aime24": "AIME24", "aime25": "AIME25", "hmmt25": "HMMT25", "math5
 
 
 def benchmark_key(name: str) -> str:
-    """``"MATH-500"``, ``"math_500"``, ``"math500"`` -> ``"math500"``; unknown names raise ``ValueError``."""
-    key = re.sub(r"[^a-z0-9]", "", name.lower())
-    if key not in BENCHMARKS:
-        raise ValueError(f"unknown dataset name {name!r}; known: {', '.join(BENCHMARKS.values())} "
-                         "(case, '-' and '_' are ignored)")
+    """The key (output file stem) of a dataset name.
+
+    A known benchmark in any spelling gives its key (``"MATH-500"``, ``"math_500"`` -> ``"math500"``);
+    any other name is kept, with characters unsafe in a file name replaced by ``_`` (``"gsm8k"``,
+    ``"my set/v2"`` -> ``"my_set_v2"``). An empty name raises ``ValueError``.
+    """
+    known = re.sub(r"[^a-z0-9]", "", name.lower())
+    if known in BENCHMARKS:
+        return known
+    key = re.sub(r"[^A-Za-z0-9._-]+", "_", name.strip()).strip("._")
+    if not key:
+        raise ValueError(f"dataset name {name!r} is empty or has no usable characters")
     return key
+
+
+def display_name(key: str) -> str:
+    """``"math500"`` -> ``"MATH-500"``; any other key is its own display name."""
+    return BENCHMARKS.get(key, key)
 
 
 def parse_data_specs(specs: Sequence[str]) -> dict[str, Path]:
     """``["aime24=/d/a.jsonl", "/d/math500.jsonl"]`` -> ``{"aime24": Path, "math500": Path}`` (in order).
 
-    A spec is ``NAME=PATH`` or a path whose file stem is the dataset name.
+    A spec is ``NAME=PATH`` (any name) or a path whose file stem is the dataset name.
     """
     out: dict[str, Path] = {}
     for spec in specs:
@@ -53,7 +67,7 @@ def parse_data_specs(specs: Sequence[str]) -> dict[str, Path]:
             except ValueError as e:
                 raise ValueError(f"{spec}: the file stem does not name a dataset ({e}); pass NAME={spec}") from None
         if key in out:
-            raise ValueError(f"dataset {BENCHMARKS[key]} given twice ({out[key]} and {path})")
+            raise ValueError(f"dataset {display_name(key)} given twice ({out[key]} and {path})")
         out[key] = Path(path).expanduser()
     return out
 
@@ -90,12 +104,12 @@ def evaluate_suite(datasets: Mapping[str, Sequence[Any]], engines: Sequence[Any]
     results = []
     bar = tqdm(list(datasets.items()), desc="datasets", disable=not show_progress)
     for key, problems in bar:
-        bar.set_postfix_str(BENCHMARKS.get(key, key))
+        bar.set_postfix_str(display_name(key))
         t0 = time.perf_counter()
         jsonl = out_dir / f"{key}.jsonl"
         _, s = evaluate(problems, engines, pool, tokenizer, reward_fn, cfg, seed=seed, show_progress=show_progress,
                         out_jsonl=jsonl, keep_text=keep_text)
-        results.append({"dataset": BENCHMARKS.get(key, key), "key": key, **s, "jsonl": str(jsonl),
+        results.append({"dataset": display_name(key), "key": key, **s, "jsonl": str(jsonl),
                         "time_s": time.perf_counter() - t0})
         summary = {"datasets": results, "mean_pass@1": float(np.mean([r["pass@1"] for r in results])),
                    "settings": dict(settings or {})}

@@ -9,7 +9,8 @@ recipe's rules on the whole response, ``extract_release``). Strict rules:
 * A box is ``\\boxed{...}`` or ``\\fbox{...}`` with balanced nested braces, or ``\\boxed 42`` /
   ``\\boxed5`` / ``\\boxed \\pi`` (one run of non-space characters or one command);
   ``\\boxed{\\boxed{5}}`` is ``5``. A box whose braces never close is ignored.
-* Several *different* boxes in the final answer region -> ``status="conflicting"`` (wrong).
+* Several *different* boxes in the final answer region -> ``status="several"``, the boxes joined as
+  the answer (``boxes.join_boxes``); ``check`` decides by the gold whether they are one answer.
 * No box -> ``status="no_box"``, no answer. There is never a fallback to the last number.
 
 ``"release"``: the whole response text (tool output included, chat tokens dropped), PRIME's
@@ -22,12 +23,13 @@ from __future__ import annotations
 import dataclasses
 import re
 
+from rstar2_jax.rewards.boxes import join_boxes
 from rstar2_jax.rewards.extract_release import match_answer, release_text
 from rstar2_jax.rewards.normalize import matching_braces
 from rstar2_jax.tags import DEFAULT_TAGS, Tags
 
-STATUSES = ("ok", "no_box", "conflicting", "fallback")  # "fallback": release mode, nothing matched
-ANSWERED = ("ok", "fallback")  # statuses that carry an answer to grade
+STATUSES = ("ok", "no_box", "several", "fallback")  # "fallback": release mode, nothing matched
+ANSWERED = ("ok", "several", "fallback")  # statuses that carry an answer to grade
 EXTRACTION_MODES = ("strict", "release")
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 
@@ -140,5 +142,5 @@ def extract_answer(text: str, mode: str = "strict", *, tags: Tags = DEFAULT_TAGS
         return Extraction(answer=None, status="no_box")
     distinct = {re.sub(r"\s+", "", b) for b in boxes}
     if len(distinct) > 1:
-        return Extraction(answer=None, status="conflicting", boxes=tuple(boxes))
+        return Extraction(answer=join_boxes(boxes), status="several", boxes=tuple(boxes))
     return Extraction(answer=boxes[-1], status="ok", boxes=tuple(boxes))

@@ -18,7 +18,7 @@ Trajectory = str | Sequence[str]  # full assistant text, or its per-turn assista
 class RewardFn:
     """``reward_fn(text_or_turns, gold) -> (reward, info)``; ``reward_fn.batch(texts, golds)``.
 
-    ``info`` holds ``answer`` (extracted box content or None), ``extract_status`` (``extract.py``),
+    ``info`` holds ``answer`` (extracted box content, several boxes joined, or None), ``extract_status`` (``extract.py``),
     ``status``/``reason`` (``verify.py``), ``correct``, ``verify_s`` (the check's own time),
     ``time_s`` (wall time of the whole call, shared by a batch). Format statistics are not here: the
     rollout's scoring stage computes them once per trajectory (``rollout.score``).

@@ -102,6 +102,32 @@ def to_sympy(latex: str) -> sympy.Basic:
     return expr
 
 
+@functools.lru_cache(maxsize=256)
+def matrix_value(latex: str) -> sympy.ImmutableMatrix:
+    """The explicit matrix that a matrix expression (``A + B``, ``2A``, ``AB`` of literal matrices) denotes."""
+    problem = guard.text_problem(latex)
+    if problem:
+        raise Refused(problem)
+    try:
+        expr = latex2sympy(_exact_decimals(latex), normalization_config=None, conversion_config=_CONFIG)
+    except Exception as exc:  # the ANTLR parser raises bare Exception
+        raise ParseError(f"cannot read {latex!r}: {type(exc).__name__}") from None
+    if not isinstance(expr, (sympy.MatrixBase, sympy.MatrixExpr)):
+        raise ParseError(f"{latex!r} is not a matrix")
+    problem = guard.tree_problem(expr)
+    if problem:
+        raise Refused(problem)
+    try:
+        value = expr.doit()
+    except Exception as exc:  # shape mismatch and the like
+        raise ParseError(f"cannot evaluate {latex!r}: {type(exc).__name__}") from None
+    if not isinstance(value, sympy.MatrixBase):
+        raise ParseError(f"{latex!r} is not an explicit matrix")
+    renamed = {s: sympy.I if s.name == "i" else sympy.Symbol(s.name)
+               for s in value.free_symbols if isinstance(s, sympy.Symbol)}
+    return sympy.ImmutableMatrix(value.xreplace(renamed))
+
+
 def _symbols(expr: sympy.Basic) -> frozenset[str]:
     return frozenset(s.name for s in expr.free_symbols)
 

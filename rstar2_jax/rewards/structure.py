@@ -13,8 +13,13 @@ interval and ``1,2`` as a set):
   lone answer is a one-item list. Compared as sets.
 * ``Union``: ``A \\cup B``; ``Matrix``: ``\\begin{pmatrix}..\\end{pmatrix}`` (also ``bmatrix``,
   ``Bmatrix``, ``matrix``, ``array``; a ``vmatrix`` is a determinant, i.e. a scalar);
-  ``Equation``: ``a = b (= c)``; ``Relation``: ``a < b \\le c``; ``Based``: ``52_8``;
+  ``Equation``: ``a = b (= c)``; ``Relation``: ``a < b \\le c``, ``x \\ne 3``; ``Based``: ``52_8``;
   ``Scalar``: everything else.
+* ``Record``: labelled values, ``m = 4, n = 1`` or ``(m, n) = (4, 1)`` (``labels.py``); a flat list
+  whose labels repeat (``p=5, q=2, p=7, q=2``) is a list of records, and so is ``p=5,q=2; p=7,q=2``
+  (``;`` separates groups, ``,`` and the words *and*/*or* separate items).
+* ``\\approx``: after an equation it only annotates (``x = \\frac13 \\approx 0.33`` is ``x = \\frac13``);
+  alone it reads as ``=`` (``x \\approx 11`` is ``x = 11``).
 """
 
 from __future__ import annotations
@@ -23,23 +28,28 @@ import dataclasses
 import re
 from typing import Union as _U
 
-_OPEN, _CLOSE = "{([", "})]"
-_MATRIX = re.compile(r"^\\begin\{([pbB]?matrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.S)
+from rstar2_jax.rewards.labels import is_label, tuple_label
+from rstar2_jax.rewards.split import StructureError, split_parts, split_top
+
+__all__ = ["Based", "Bracketed", "Equation", "Matrix", "Node", "Record", "Relation", "Scalar", "StructureError",
+           "Union", "Unordered", "balanced", "is_textual", "parse_structure", "split_top", "text_key"]
+_MATRIX = re.compile(r"^\\begin\{([pbB]?matrix|array)\}(?:\{[^{}]*\})?((?:(?!\\begin\{|\\end\{).)*)\\end\{\1\}$", re.S)
 _BASED = re.compile(r"^(?=[0-9A-Z]*\d)([0-9A-Z]+)_\{?(\d+)\}?$")
-_LIST_WORD = re.compile(r"\\text\{(?:and|or)\}|(?<![a-zA-Z\\])(?:and|or)(?![a-zA-Z])")
-_ITEM_SEP = re.compile(r",|;|" + _LIST_WORD.pattern)
-_REL = re.compile(r"\\le(?![a-z])|\\ge(?![a-z])|\\lt(?![a-z])|\\gt(?![a-z])|<|>")
-_REL_CANON = {r"\le": "<=", r"\ge": ">=", r"\lt": "<", r"\gt": ">", "<": "<", ">": ">"}
+# "and"/"or" as words, or glued between a value and the next item (``W(x)=1orW(x)=-1``).
+_LIST_WORD = (r"\\text\{,? ?(?:and|or)\}|(?<![a-zA-Z\\])(?:and|or)(?![a-zA-Z])"
+              r"|(?<=[\d)}])(?:and|or)(?=[A-Z(\\])")
+_ITEM_SEP = re.compile(r", ?(?:" + _LIST_WORD + r")|" + _LIST_WORD + r"|,")  # "2, 5, and 7": one separator
+_ANY_SEP = re.compile(_ITEM_SEP.pattern + r"|;")  # inside brackets ``;`` separates items too: (0;1)
+_GROUP_SEP = re.compile(r";")
+_REL = re.compile(r"\\le(?![a-zA-Z])|\\ge(?![a-zA-Z])|\\lt(?![a-zA-Z])|\\gt(?![a-zA-Z])|\\ne(?![a-zA-Z])|<|>")
+_REL_CANON = {r"\le": "<=", r"\ge": ">=", r"\lt": "<", r"\gt": ">", r"\ne": "!=", "<": "<", ">": ">"}
+_APPROX = re.compile(r"\\approx(?![a-zA-Z])")
 _PM = re.compile(r"\\(?:pm|mp)(?![a-zA-Z])")
-_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|mbox|hbox)\s*\{")
+_TEXT_WRAP = re.compile(r"\\(?:text|textbf|textit|textrm|textsf|texttt|textnormal|textup|textsl|mbox|hbox)\s*\{")
 _NEVER = re.compile(r"(?!)")
 _EQ = re.compile(r"=")
 _CUP = re.compile(r"\\cup(?![a-zA-Z])")
 MAX_ITEMS = 64
-
-
-class StructureError(ValueError):
-    """The answer's delimiters do not balance or it has too many parts."""
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,44 +93,16 @@ class Equation:
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Relation:
     sides: tuple[str, ...]
-    ops: tuple[str, ...]  # "<", "<=", ">", ">=" between consecutive sides
+    ops: tuple[str, ...]  # "<", "<=", ">", ">=", "!=" between consecutive sides
 
 
-Node = _U[Scalar, Based, Bracketed, Unordered, Union, Matrix, Equation, Relation]
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class Record:
+    labels: tuple[str, ...]  # distinct names, in the order written
+    values: tuple["Node", ...]
 
 
-def _split_top(text: str, separators: re.Pattern[str]) -> tuple[list[str], list[str]]:
-    """(parts, separators) of ``text`` split at matches outside every bracket pair."""
-    parts, seps, depth, start, i = [], [], 0, 0, 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text) and text[i + 1] in "{}":
-            depth += 1 if text[i + 1] == "{" else -1
-            i += 2
-            continue
-        if ch in _OPEN:
-            depth += 1
-        elif ch in _CLOSE:
-            depth -= 1
-            if depth < 0:
-                raise StructureError("unbalanced delimiters")
-        elif depth == 0:
-            match = separators.match(text, i)
-            if match and match.end() > i:
-                parts.append(text[start:i])
-                seps.append(match.group(0))
-                start = i = match.end()
-                continue
-        i += 1
-    if depth != 0:
-        raise StructureError("unbalanced delimiters")
-    parts.append(text[start:])
-    return parts, seps
-
-
-def split_top(text: str, separators: re.Pattern[str]) -> list[str]:
-    """Split ``text`` at matches of ``separators`` that sit outside every bracket pair."""
-    return _split_top(text, separators)[0]
+Node = _U[Scalar, Based, Bracketed, Unordered, Union, Matrix, Equation, Relation, Record]
 
 
 def balanced(text: str) -> bool:
@@ -167,8 +149,8 @@ def _expand_pm(item: str) -> list[str]:
             for sign in "+-"]
 
 
-def _items(text: str) -> list[str]:
-    items = [p.strip() for p in split_top(text, _ITEM_SEP)]
+def _items(text: str, separators: re.Pattern[str] = _ITEM_SEP) -> list[str]:
+    items = [p.strip() for p in split_top(text, separators)]
     if len(items) > MAX_ITEMS:
         raise StructureError("too many items")
     return items
@@ -183,6 +165,13 @@ def parse_structure(text: str) -> Node:
         return Unordered(items=())
     if text == r"\mathbb{R}":
         return Bracketed(left="(", right=")", items=(Scalar(latex=r"-\infty"), Scalar(latex=r"\infty")))
+    groups = split_top(text, _GROUP_SEP)
+    if len(groups) > 1:
+        items = tuple(i for g in groups for n in (parse_structure(g),)
+                      for i in (n.items if isinstance(n, Unordered) else (n,)))
+        if len(items) > MAX_ITEMS:
+            raise StructureError("too many items")
+        return Unordered(items=items)
     parts = split_top(text, _CUP)
     if len(parts) > 1:
         return Union(parts=tuple(parse_structure(p) for p in parts))
@@ -192,8 +181,25 @@ def parse_structure(text: str) -> Node:
     return _parse_item(text)
 
 
-def _unordered(items: list[str]) -> Unordered:
-    return Unordered(items=tuple(parse_structure(e) for item in items for e in _expand_pm(item)))
+def _unordered(items: list[str]) -> Unordered | Record:
+    return _records(tuple(parse_structure(e) for item in items for e in _expand_pm(item)))
+
+
+def _records(nodes: tuple[Node, ...]) -> Unordered | Record:
+    """Assignments to >= 2 distinct names form a record; labels that repeat start the next record."""
+    if len(nodes) < 2 or not all(isinstance(n, Equation) and len(n.sides) == 2 and is_label(n.sides[0])
+                                 for n in nodes):
+        return Unordered(items=nodes)
+    runs: list[list[Equation]] = [[]]
+    for node in nodes:
+        if any(node.sides[0] == other.sides[0] for other in runs[-1]):
+            runs.append([])
+        runs[-1].append(node)
+    if len(runs[0]) < 2 or any({n.sides[0] for n in run} != {n.sides[0] for n in runs[0]} for run in runs):
+        return Unordered(items=nodes)  # x = 1, x = 2 is a list of values of x
+    records = tuple(Record(labels=tuple(n.sides[0] for n in run),
+                           values=tuple(parse_structure(n.sides[1]) for n in run)) for run in runs)
+    return records[0] if len(records) == 1 else Unordered(items=records)
 
 
 def _parse_item(text: str) -> Node:
@@ -210,17 +216,28 @@ def _parse_item(text: str) -> Node:
         inner = text[2:-2].strip()
         return _unordered(_items(inner)) if inner else Unordered(items=())
     if text[0] in "([" and text[-1] in ")]" and _enclosed(text, text[0], text[-1]):
-        inner = _items(text[1:-1])
+        inner = _items(text[1:-1], _ANY_SEP)
         if len(inner) > 1:
             return Bracketed(left=text[0], right=text[-1], items=tuple(parse_structure(i) for i in inner))
         if text[0] + text[-1] in ("()", "[]"):
             return _parse_item(text[1:-1].strip())
+    approx = split_top(text, _APPROX)
+    if len(approx) > 1:  # x = 1/3 \approx 0.33 -> x = 1/3; x \approx 11 -> x = 11; \approx 11 -> 11
+        before = approx[0].strip()
+        if not before:
+            return _parse_item(approx[-1].strip())
+        return _parse_item(f"{before}={approx[-1].strip()}" if is_label(before) else before)
     sides = split_top(text, _EQ)
     if len(sides) > 1:
         if any(not s.strip() for s in sides):
             raise StructureError("empty side of an equation")
+        names = tuple_label(sides[0]) if len(sides) == 2 else None
+        if names:
+            value = parse_structure(sides[1])
+            if isinstance(value, Bracketed) and value.left + value.right == "()" and len(value.items) == len(names):
+                return Record(labels=names, values=value.items)
         return Equation(sides=tuple(s.strip() for s in sides))
-    rel_sides, ops = _split_top(text, _REL)
+    rel_sides, ops = split_parts(text, _REL)
     ops = [_REL_CANON[op] for op in ops]
     if ops:
         if any(not s.strip() for s in rel_sides):

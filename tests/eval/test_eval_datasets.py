@@ -1,9 +1,11 @@
-"""Benchmark names and dataset files: strict names, errors that name file, line and field."""
+"""Dataset names and files: any name, known benchmarks' spellings, errors that name file, line and field."""
+
+from pathlib import Path
 
 import pytest
 
 from rstar2_jax.data.datasets import DatasetError
-from rstar2_jax.eval import benchmark_key, load_suite, parse_data_specs
+from rstar2_jax.eval import benchmark_key, display_name, load_suite, parse_data_specs
 
 
 @pytest.mark.parametrize("name,key", [("AIME24", "aime24"), ("aime_25", "aime25"), ("HMMT25", "hmmt25"),
@@ -12,17 +14,27 @@ def test_benchmark_names_ignore_case_and_separators(name, key):
     assert benchmark_key(name) == key
 
 
-def test_specs_by_name_or_stem_keep_order_and_refuse_unknown_or_repeated(tmp_path):
-    specs = parse_data_specs([f"MATH-500={tmp_path}/m.jsonl", f"{tmp_path}/aime24.jsonl"])
-    assert specs == {"math500": tmp_path / "m.jsonl", "aime24": tmp_path / "aime24.jsonl"}
-    with pytest.raises(ValueError, match="unknown dataset name 'gsm8k'"):
-        parse_data_specs(["gsm8k=x.jsonl"])
-    with pytest.raises(ValueError, match="train.jsonl: the file stem does not name a dataset"):
-        parse_data_specs(["data/train.jsonl"])
+@pytest.mark.parametrize("name,key,shown", [
+    ("gsm8k", "gsm8k", "gsm8k"), ("OlympiadBench", "OlympiadBench", "OlympiadBench"),
+    ("my set/v2", "my_set_v2", "my_set_v2"), ("math500", "math500", "MATH-500"), ("train.v1", "train.v1", "train.v1"),
+])
+def test_any_name_is_a_dataset_and_known_names_supply_the_display_name(name, key, shown):
+    assert benchmark_key(name) == key and display_name(key) == shown
+
+
+def test_specs_by_name_or_stem_keep_order_and_refuse_empty_or_repeated(tmp_path):
+    specs = parse_data_specs([f"MATH-500={tmp_path}/m.jsonl", f"{tmp_path}/aime24.jsonl", "gsm8k=g.jsonl",
+                              "data/train.jsonl"])
+    assert specs == {"math500": tmp_path / "m.jsonl", "aime24": tmp_path / "aime24.jsonl",
+                     "gsm8k": Path("g.jsonl"), "train": Path("data/train.jsonl")}
     with pytest.raises(ValueError, match="AIME24 given twice"):
         parse_data_specs(["aime24=a.jsonl", "b/aime24.jsonl"])
+    with pytest.raises(ValueError, match="gsm8k given twice"):
+        parse_data_specs(["gsm8k=a.jsonl", "gsm8k=b.jsonl"])
     with pytest.raises(ValueError, match="expected NAME=PATH"):
         parse_data_specs(["aime24="])
+    with pytest.raises(ValueError, match="no usable characters"):
+        parse_data_specs(["//=a.jsonl"])
 
 
 GOOD = '{"id": "a", "problem": "1+1", "answer": "2"}'

@@ -24,13 +24,19 @@ def test_turns_and_wrong_answer(reward_fn):
     assert reward == 0.0 and info["reason"] == "different" and "format" not in info
 
 
-@pytest.mark.parametrize("text,status", [
-    ("The answer is 5.", "no_box"),  # never the last number
-    ("<answer>\\boxed{5} or \\boxed{6}</answer>", "conflicting"),
+def test_no_box_scores_zero(reward_fn):
+    reward, info = reward_fn("The answer is 5.", "5")  # never the last number
+    assert reward == 0.0 and info["extract_status"] == "no_box" and info["answer"] is None
+
+
+@pytest.mark.parametrize("gold,reward,reason", [
+    ("5", 0.0, "several"),  # two different answers to one question: a hedge
+    ("5, 6", 1.0, "string"), ("\\{6, 5\\}", 1.0, "equivalent"), ("(5, 6)", 1.0, "string"),
+    ("(6, 5)", 0.0, "different"), ("5, 6, 7", 0.0, "different"),
 ])
-def test_no_single_answer_scores_zero(reward_fn, text, status):
-    reward, info = reward_fn(text, "5")
-    assert reward == 0.0 and info["extract_status"] == status and info["answer"] is None
+def test_several_boxes_answer_a_collection_gold_only(reward_fn, gold, reward, reason):
+    got, info = reward_fn("<answer>\\boxed{5} or \\boxed{6}</answer>", gold)
+    assert (got, info["extract_status"], info["reason"]) == (reward, "several", reason)
 
 
 def test_batch_keeps_order(reward_fn):
