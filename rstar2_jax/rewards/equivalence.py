@@ -26,7 +26,9 @@ Math-Verify's conventions: ``tests/rewards/mv_style_cases.py``, per class ``test
   with symbols positive (``(x+1)^2`` = ``x^2+2x+1``, ``\\sqrt{1/n}`` = ``1/\\sqrt n``). Variables
   must match (``p-q`` != ``a-b``). Mixed numbers: ``1\\frac45`` = 9/5. See ``scalar.py``. A decimal
   comma that cannot be a thousands separator (``1000,99``, ``0,111``) matches a decimal written
-  with a point (``numerals.py``); ``1, 22`` (comma and space) stays a list.
+  with a point (``numerals.py``); ``1, 22`` (comma and space) stays a list. Digits still apart after
+  the thousands groups were joined (``1 2 3``, ``4000 00``) are ambiguous, a list or a product:
+  such an answer (or gold) is unparseable and only the normalised strings can match.
 * **Undefined is never equal**: a value with a zero denominator (``\\frac{3}{0}``, ``7:0``, ``0/0``)
   equals nothing, not even itself; infinity equals only the same signed infinity written as
   infinity (``\\infty`` = ``+\\infty``; != ``-\\infty``, != ``\\frac{1}{0}``). Why: sympy makes every
@@ -120,6 +122,9 @@ class Verdict:
             raise ValueError(f"Verdict.reason must be one of {REASONS}, got {self.reason!r}")
 
 
+_SPACED_DIGITS = re.compile(r"(?<![\d_^.])\d+\s+\d")  # digits apart once normalize() took the thousands groups (not \log_2 8)
+
+
 def check(pred: str, gold: str) -> Verdict:
     """Compare the predicted answer ``pred`` to ``gold`` (both LaTeX, box contents) by the policy.
 
@@ -146,6 +151,9 @@ def check(pred: str, gold: str) -> Verdict:
         return Verdict(correct=True, reason="string")
     if not balanced(p):
         return Verdict(correct=False, reason="unparseable")
+    for text, blame in ((p, "unparseable"), (g, "gold-unparseable")):
+        if _SPACED_DIGITS.search(text):  # "1 2 3", "4000 00": no thousands groups; a list or a product?
+            return Verdict(correct=False, reason=blame)
     if is_textual(g):
         same = text_key(p) == text_key(g)
         return Verdict(correct=same, reason="equivalent" if same else "different")

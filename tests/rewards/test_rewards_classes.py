@@ -215,6 +215,8 @@ def test_thousands_separated_by_spaces(a, b):
 
 @pytest.mark.parametrize("a,b", [
     ("1000", "1 00"), ("1000", "10 000"), ("1000", "1, 000"), ("100000", "1 000"), ("1000", "1 0000"),
+    # digits apart that are no thousands groups are ambiguous (a list? a product?): never a value
+    ("6", "1 2 3"), ("0", "4 000 00"), ("12", "3 4"), ("0", "1 = t = 0 0"),
 ])
 def test_spacing_near_misses(a, b):
     assert _both(a, b) == (False, False)
