@@ -66,7 +66,8 @@ def rl_step(rollout: Rollout, learner: Learner, reward_fn: RewardBatchFn, proble
     m["kept_tool_error_rate_pos"] = positive_tool_error_rate([res.trajectories[i] for i in sel.kept])
     m.update(time_rollout_s=t1 - t0, time_reward_s=sc.seconds, time_tools_s=res.metrics["tool_time_s"],
              time_train_s=t3 - t2, time_sync_s=sync.seconds, sync_bytes=sync.bytes,
-             preemptions=res.metrics["preemptions"], tokens_per_s=res.metrics["tokens_per_s"],
+             preemptions=res.metrics["preemptions"], unshared_children=res.metrics["unshared_children"],
+             tokens_per_s=res.metrics["tokens_per_s"],
              length_model_n=res.metrics["length_model_n"])
     if compiles is not None:
         m["compiles"] = compiles.take()

@@ -114,7 +114,8 @@ class Dispatcher:
             for g, e in zip(self._pending, self.ledger.static_split(len(self._pending))):
                 g.engine = e
         self._out: queue.Queue[Event] = queue.Queue()
-        self._preempt = [e.stats().preemptions for e in self.engines]
+        start = [e.stats() for e in self.engines]
+        self._preempt = [s.preemptions for s in start]
         preempt0 = list(self._preempt)
         t0 = time.perf_counter()
         self.workers = [EngineWorker(i, e, self._out, t0) for i, e in enumerate(self.engines)]
@@ -134,8 +135,10 @@ class Dispatcher:
             for w in self.workers:
                 w.join()
             bar.close()
-        return RolloutResult(trajs, self._metrics(trajs, time.perf_counter() - t0, preempt0),
-                             [w.timeline for w in self.workers])
+        metrics = self._metrics(trajs, time.perf_counter() - t0, preempt0)
+        metrics["unshared_children"] = sum(e.stats().unshared_children - s.unshared_children
+                                           for e, s in zip(self.engines, start))  # forks that found no room
+        return RolloutResult(trajs, metrics, [w.timeline for w in self.workers])
 
     def _build(self, problems: Sequence[Any], seed: int, budget: int) -> list[Trajectory]:
         """The batch's trajectories; problems that cannot run finish as errors right away."""
