@@ -50,16 +50,16 @@ class RewardFn:
         if len(trajectories) != len(golds):
             raise ValueError(f"RewardFn.batch got {len(trajectories)} trajectories but {len(golds)} golds")
         start = time.perf_counter()
-        turns = [split_turns(t) if isinstance(t, str) else list(t) for t in trajectories]
         if self.extraction == "release":
             extractions = [extract_answer(_response(t), "release") for t in trajectories]
         else:
-            extractions = [extract_answer("\n".join(t)) for t in turns]
+            extractions = [extract_answer("\n".join(split_turns(t) if isinstance(t, str) else t))
+                           for t in trajectories]
         verdicts = verify_batch([e.answer for e in extractions], list(golds), self.timeout_s,
                                 pool=self.pool, chunk_size=self.chunk_size)
         elapsed = time.perf_counter() - start
         out = []
-        for t, extraction, verdict in zip(turns, extractions, verdicts):
+        for extraction, verdict in zip(extractions, verdicts):
             info = {"answer": extraction.answer, "extract_status": extraction.status,
                     "status": verdict.status, "reason": verdict.reason, "correct": verdict.correct,
                     "verify_s": verdict.duration_s, "time_s": elapsed}
