@@ -16,7 +16,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rstar2_jax.learner import Learner, roc_record
-from rstar2_jax.rl.penalties import p_format, stack_records
+from rstar2_jax.rl.penalties import p_total
 from rstar2_jax.rollout.dispatcher import RolloutResult
 from rstar2_jax.rollout.score import RewardBatchFn, score
 from rstar2_jax.rollout.service import Rollout
@@ -35,8 +35,7 @@ def positive_tool_error_rate(trajs: Sequence[Trajectory]) -> float:
 def rollout_metrics(trajs: Sequence[Trajectory]) -> dict[str, float]:
     rewards = np.asarray([t.reward for t in trajs], np.float64)
     pos = [t for t in trajs if t.reward > 0]
-    pf = p_format(**{k: v for k, v in stack_records([roc_record(t) for t in pos]).items()
-                     if k in ("n_answer_open", "n_answer_close", "n_turns")}) if pos else None  # paper's p_format
+    pf = p_total([roc_record(t) for t in pos], use_p_err=False) if pos else None  # the paper's p_format
     return {
         "reward": float(rewards.mean()) if len(trajs) else 0.0,
         "tool_calls_per_traj": float(np.mean([len(t.tools) for t in trajs])) if trajs else 0.0,
