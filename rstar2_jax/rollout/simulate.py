@@ -190,14 +190,22 @@ class Simulator:
         self.counter = 0
         self.n_left = sum(len(g.seqs) for g in self.gs)
         self.ledger = AdmissionLedger(policy, budget, [EngineShape(self.z, engine.usable_pages)] * n_engines, lengths)
-        self.ledger.new_batch(budget, progress=lambda s: s.progress)
+        self.ledger.new_batch(budget, progress=self.progress)
         self.preemptions, self.recomputed = 0, 0.0
+        self.now = 0.0  # the event being handled
 
     def push(self, t: float, kind: str, obj) -> None:
         self.counter += 1
         heapq.heappush(self.heap, (t, self.counter, kind, obj))
 
     # -- the dispatcher's side: the ledger ----------------------------------------------------------
+    def progress(self, s: _Seq) -> int:
+        """The ledger's view of ``s``: its exact progress now (its engine advanced first)."""
+        e = self.engs[s.engine]
+        if e.t_last != self.now:
+            self.advance(e, self.now)
+        return s.progress
+
     def submit(self, g: _Group, idx: int, now: float) -> None:
         e = self.engs[idx]
         self.advance(e, now)
@@ -210,8 +218,6 @@ class Simulator:
     def admit(self, now: float) -> None:
         while self.pending:
             g = self.pending[-1]
-            for e in self.engs:  # the ledger reads progress as of now
-                self.advance(e, now)
             place = self.ledger.place(g.prompt_len, len(g.seqs))
             if place is None:
                 return  # wait for memory
@@ -348,6 +354,7 @@ class Simulator:
             if not self.heap:
                 raise RuntimeError("simulate: no event left but trajectories unfinished")
             now, _, kind, obj = heapq.heappop(self.heap)
+            self.now = now
             if kind == "engine":
                 idx, version = obj
                 e = self.engs[idx]
