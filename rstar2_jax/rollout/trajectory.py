@@ -16,7 +16,7 @@ from typing import Any
 
 from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, find_tool_call, parse_tool_call,
                                          render_tool_result, tool_response_segment)
-from rstar2_jax.rewards.format import FormatStats
+from rstar2_jax.rewards.format import FormatStats, join_response
 from rstar2_jax.tokenizer import Tokenizer
 
 
@@ -72,7 +72,6 @@ class Trajectory:
     @property
     def response_text(self) -> str:
         """The whole response: each turn's text followed by the segment appended after it."""
-        from rstar2_jax.rewards.format import join_response
         return join_response(self.turns, self.appended_texts)
 
     def finish(self, reason: str, error: str | None = None) -> None:
