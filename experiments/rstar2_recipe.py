@@ -7,8 +7,8 @@ shrunk: see ``RecipeConfig.dry_run``). A random policy never earns a reward, so 
 group and no update would run: in the dry-run the RL rollouts come from a ``ScriptedPolicy`` over the
 real paged engines (even samples answer right, odd ones wrong, after a real tool call), so every RL
 stage updates for real. The same learner, rollout service, engines, dispatcher, sandbox and verifier
-as the toy demo (one long-lived ``Rollout`` and ``Learner`` for the whole run). Checkpoints (orbax, atomic) every ``ckpt_every`` steps and at every transition;
-``--resume`` continues from the latest one.
+as the toy demo (one long-lived ``Rollout`` and ``Learner`` for the whole run). Checkpoints (orbax,
+atomic) every ``ckpt_every`` steps and at every transition; ``--resume`` continues from the latest one.
 """
 
 from __future__ import annotations

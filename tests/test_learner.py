@@ -64,7 +64,8 @@ def _close(a, b, path=""):
 
 @pytest.fixture(scope="module")
 def pool():
-    limits = SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=2048, preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
+    limits = SandboxLimits(wall_s=2.0, cpu_s=2.0, memory_mb=2048,
+                           preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
     with SandboxPool(workers=2, limits=limits) as p:
         yield p
 
@@ -77,7 +78,8 @@ def test_roc_keeps_g_of_mixed_groups_updates_and_matches_golden(mode, pool):
     rl = RLConfig(roc=RocConfig(keep_per_group=g_keep, mode=mode), optim=OptimConfig(lr=1e-3, warmup_steps=0),
                   logprob_chunk_size=64)
     engine = ScriptedEngine(TOK, script)
-    rollout = Rollout([engine], pool, TOK, RolloutConfig(n_samples=two_g, budget=300, template=TemplateConfig.toy(report_exec_time=False)))
+    rcfg = RolloutConfig(n_samples=two_g, budget=300, template=TemplateConfig.toy(report_exec_time=False))
+    rollout = Rollout([engine], pool, TOK, rcfg)
     learner = Learner(graphdef, init_train_state(params, rl, 0), LearnerConfig(rl=rl, seq_len=512, rows=3 * g_keep),
                       pad_id=TOK.pad_id)
     rollout.sync(learner.params)

@@ -122,7 +122,8 @@ class Verdict:
             raise ValueError(f"Verdict.reason must be one of {REASONS}, got {self.reason!r}")
 
 
-_SPACED_DIGITS = re.compile(r"(?<![\d_^.])\d+\s+\d")  # digits apart once normalize() took the thousands groups (not \log_2 8)
+# digits still apart once normalize() joined the thousands groups (not the base of \log_2 8)
+_SPACED_DIGITS = re.compile(r"(?<![\d_^.])\d+\s+\d")
 
 
 def check(pred: str, gold: str) -> Verdict:

@@ -176,7 +176,8 @@ class Simulator:
 
     def __init__(self, groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, budget: int,
                  policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = ()):
-        self.z, self.c, self.engine, self.budget, self.policy = engine.page_size, engine.prefill_chunk, engine, budget, policy
+        self.z, self.c = engine.page_size, engine.prefill_chunk
+        self.engine, self.budget, self.policy = engine, budget, policy
         self.cap_tokens = engine.usable_pages * self.z
         self.slack = (self.z - 1) / 2  # mean unused tail of a sequence's last page
         for g in groups:
