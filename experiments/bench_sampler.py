@@ -134,9 +134,9 @@ def main() -> None:
     kv_fraction = held / max_len
     print(f"dense : {dense_tps:8.1f} tok/s ({dense_s:.1f} s wall, {dense_cpu:.1f} s CPU, {ds.steps} batch steps "
           f"x {args.dense_batch} rows, {n_tok / (ds.steps * args.dense_batch):.0%} of row-steps useful)")
-    print(f"paged : {paged_tps:8.1f} tok/s ({paged_s:.1f} s wall, {paged_cpu:.1f} s CPU, {st['steps']} steps, "
-          f"{st['tokens_generated'] / st['steps']:.1f} tokens/step of {args.slots} slots, "
-          f"{st['preemptions']} preemptions, {st['prefill_tokens']} prefill tokens, {st['page_copies']} page copies)")
+    print(f"paged : {paged_tps:8.1f} tok/s ({paged_s:.1f} s wall, {paged_cpu:.1f} s CPU, {st.steps} steps, "
+          f"{st.tokens_generated / st.steps:.1f} tokens/step of {args.slots} slots, "
+          f"{st.preemptions} preemptions, {st.prefill_tokens} prefill tokens, {st.page_copies} page copies)")
     print(f"naive : {naive_tps:8.1f} tok/s (full recompute at length {max_len}, {naive_k} x {naive_n} tokens)")
     print(f"CPU-time speedup (robust to other load on the machine): {dense_cpu / paged_cpu:.2f}x")
     print(f"KV held per active sequence: {held:.1f} positions vs dense {max_len}")
