@@ -31,7 +31,8 @@ from tqdm.auto import tqdm  # noqa: E402
 
 from rstar2_jax.config import ModelConfig  # noqa: E402
 from rstar2_jax.data.chat import chat_segments, render_records  # noqa: E402
-from rstar2_jax.data.sft_traces import TraceConfig, build_traces, copy_drills  # noqa: E402
+from rstar2_jax.data.regimes import REGIMES, get_regime  # noqa: E402
+from rstar2_jax.data.sft_traces import build_traces, copy_drills  # noqa: E402
 from rstar2_jax.data.toy import make_splits  # noqa: E402
 from rstar2_jax.eval import EvalConfig, evaluate  # noqa: E402
 from rstar2_jax.eval.load_policy import toy_model_config  # noqa: E402
@@ -61,6 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/toy_tool_math")
     ap.add_argument("--roc-mode", default="paper", help=f"one of {ROC_MODES}")
+    ap.add_argument("--regime", default="default", choices=sorted(REGIMES),
+                    help="problems and SFT-trace imperfections (rstar2_jax/data/regimes.py); noisy-tools: "
+                         "first tool calls often fail and are retried (the RoC ablation's regime)")
     ap.add_argument("--sft-traces", type=int, default=1500, help="SFT traces (from train problems)")
     ap.add_argument("--sft-epochs", type=float, default=4.0)
     ap.add_argument("--sft-lr", type=float, default=5e-3)
@@ -154,7 +158,7 @@ def make_tokenizer(args: argparse.Namespace, records: list[dict], tpl: TemplateC
 
 
 def _sft_key(args: argparse.Namespace) -> str:
-    keys = ("seed", "sft_traces", "copy_drills", "sft_epochs", "sft_lr", "sft_batch", "sft_seq_len", "hidden",
+    keys = ("regime", "seed", "sft_traces", "copy_drills", "sft_epochs", "sft_lr", "sft_batch", "sft_seq_len", "hidden",
             "layers", "exec_time", "tokenizer", "bpe_vocab")
     return "sft_" + "_".join(f"{k}={getattr(args, k)}" for k in keys)
 
@@ -201,8 +205,9 @@ def main(argv: list[str] | None = None) -> dict:
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
 
+    regime = get_regime(args.regime)
     train, heldout = make_splits(args.seed, args.sft_traces + max(args.rl_steps * args.problems_per_step, 1),
-                                 args.n_eval)
+                                 args.n_eval, regime.toy)
     sft_problems, rl_problems = train[: args.sft_traces], train[args.sft_traces:]
     limits = SandboxLimits(wall_s=3.0, cpu_s=3.0, memory_mb=2048,
                            preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
@@ -216,7 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     with SandboxPool(workers=args.sandbox_workers, limits=limits) as pool:
         reward_fn = RewardFn(pool=pool).batch
         t = time.perf_counter()
-        traces = build_traces(sft_problems, pool=pool, cfg=TraceConfig(), template_cfg=tpl, seed=args.seed)
+        traces = build_traces(sft_problems, pool=pool, cfg=regime.traces, template_cfg=tpl, seed=args.seed)
         records = traces + copy_drills(args.copy_drills, seed=args.seed)
         tok = make_tokenizer(args, records, tpl, out)
         examples = render_records(records, tok, tpl)

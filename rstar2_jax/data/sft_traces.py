@@ -17,6 +17,13 @@ Imperfect on purpose, as real SFT data is (rates in ``TraceConfig``; each trace 
   which a tiny model cannot reproduce; RoC's ``p_err = 0.5`` for no-call answers is what this teaches against.
 * ``extra_answer`` (independent of the above): an early, wrong ``<answer>\\boxed{..}</answer>`` in the
   first turn's reasoning, before the tool call (``p_format`` > 0 for the trajectory).
+* ``naive_first`` (only with ``p_naive`` > 0, for kinds that have a naive program, ``data/bugs.py``):
+  the first call is the naive program; where it fails on this input (its real sandbox error is the
+  response) a second turn runs the correct one, else the trace ends like a clean one.
+
+``bug_style="realistic"`` (the noisy-tools regime, docs/design.md §10.1) draws error_retry's first call
+from ``data/bugs.py``'s bug classes (NameError, a wrong function or import name, an off-by-one index,
+a syntax error) instead of the single typo of the default style.
 
 Reason texts are a few fixed words so a trace stays ~300 byte tokens with ``TemplateConfig.toy()``.
 Execution times in tool responses are real, so two builds differ in those digits only.
@@ -28,11 +35,13 @@ import dataclasses
 import random
 from typing import Any, Sequence
 
+from rstar2_jax.data.bugs import naive_code, realistic_bug
 from rstar2_jax.data.toy import ToyProblem
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_tool_result
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxPool
 
-VARIANTS = ("clean", "error_retry", "no_tool")
+VARIANTS = ("clean", "error_retry", "no_tool", "naive_first")
+BUG_STYLES = ("typo", "realistic")
 CALL_REASON = "Use python.\n"  # first turn text before the tool call
 RETRY_REASON = "Fix the error.\n"  # turn after a failed call
 FINAL_REASON = "Done."  # final turn: the boxed value is copied from the tool response
@@ -48,9 +57,13 @@ class TraceConfig:
     p_no_tool: float = 0.1  # answer without calling the tool (gold written in the trace)
     p_extra_answer: float = 0.1  # independent: an early wrong <answer> in the first turn's reasoning
     include_system: bool = True  # put template_cfg.system_prompt in the record as a system message
+    bug_style: str = "typo"  # error_retry's first call: "typo" (break_code) or "realistic" (data/bugs.py)
+    p_naive: float = 0.0  # a would-be clean trace of a kind with a naive program tries that program first
 
     def __post_init__(self) -> None:
-        for name in ("p_error_retry", "p_no_tool", "p_extra_answer"):
+        if self.bug_style not in BUG_STYLES:
+            raise ValueError(f"TraceConfig.bug_style must be one of {BUG_STYLES}, got {self.bug_style!r}")
+        for name in ("p_error_retry", "p_no_tool", "p_extra_answer", "p_naive"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"TraceConfig.{name} must be a probability in [0, 1], got {value!r}")
@@ -68,7 +81,8 @@ class _Plan:
     problem: ToyProblem
     variant: str
     extra_answer: bool
-    bad_code: str | None  # the typo'd first call of error_retry
+    bad_code: str | None  # the failing first call of error_retry, or naive_first's naive program
+    bug_class: str | None  # "typo", a data/bugs.py class, or "naive" (naive_first)
     guess: str | None  # the early wrong answer of extra_answer
 
 
@@ -97,8 +111,17 @@ def _plan(problems: Sequence[ToyProblem], cfg: TraceConfig, seed: int) -> list[_
         variant = ("no_tool" if u < cfg.p_no_tool else
                    "error_retry" if u < cfg.p_no_tool + cfg.p_error_retry else "clean")
         extra = rng.random() < cfg.p_extra_answer
-        plans.append(_Plan(p, variant, extra, break_code(p.code, rng) if variant == "error_retry" else None,
-                           wrong_guess(p.answer, rng) if extra else None))
+        bad_code = bug_class = None
+        if variant == "error_retry":
+            if cfg.bug_style == "typo":
+                bad_code, bug_class = break_code(p.code, rng), "typo"
+            else:
+                bug = realistic_bug(p, rng)
+                bad_code, bug_class = bug.code, bug.bug_class
+        elif variant == "clean" and cfg.p_naive > 0 and (naive := naive_code(p)) is not None:
+            if rng.random() < cfg.p_naive:
+                variant, bad_code, bug_class = "naive_first", naive, "naive"
+        plans.append(_Plan(p, variant, extra, bad_code, bug_class, wrong_guess(p.answer, rng) if extra else None))
     return plans
 
 
@@ -141,19 +164,24 @@ def _assemble(plan: _Plan, good: CodeResult | None, bad: CodeResult | None, cfg:
             raise TraceError(f"{p.id}: the tool response {ok_text!r} was truncated past the answer; raise "
                              "TemplateConfig.max_response_chars")
         reason = early + CALL_REASON
-        if plan.variant == "error_retry":
+        naive_ok = plan.variant == "naive_first" and bad is not None and bad.status == "ok"
+        if naive_ok and bad.stdout.strip() != p.answer:
+            raise TraceError(f"{p.id}: the naive program {plan.bad_code!r} printed {bad.stdout!r}, not {p.answer!r}")
+        if plan.variant == "error_retry" or (plan.variant == "naive_first" and not naive_ok):
             if bad is None or bad.status == "ok":
                 raise TraceError(f"{p.id}: the broken code {plan.bad_code!r} did not fail: {bad}")
             messages += [_call_msg(reason, plan.bad_code),
                          {"role": "tool", "name": TOOL_NAME, "content": render_tool_result(bad, template_cfg)}]
             statuses.append(bad.status)
             reason = RETRY_REASON
-        messages += [_call_msg(reason, p.code),
-                     {"role": "tool", "name": TOOL_NAME, "content": ok_text},
-                     _final(FINAL_REASON, good.stdout.strip())]
-        statuses.append(good.status)
+        code, result = (plan.bad_code, bad) if naive_ok else (p.code, good)
+        messages += [_call_msg(reason, code),
+                     {"role": "tool", "name": TOOL_NAME, "content": render_tool_result(result, template_cfg)},
+                     _final(FINAL_REASON, result.stdout.strip())]
+        statuses.append(result.status)
     meta = {"problem_id": p.id, "kind": p.kind, "gold": p.answer, "variant": plan.variant,
-            "extra_answer": plan.extra_answer, "tool_statuses": statuses}
+            "extra_answer": plan.extra_answer, "tool_statuses": statuses, "bug_class": plan.bug_class,
+            "first_call_failed": len(statuses) > 1}
     return {"id": f"sft-{p.id}", "messages": messages, "meta": meta}
 
 

@@ -34,6 +34,7 @@ class ToyConfig:
     gcd_digits: int = 6  # gcd: digits of both numbers (they share a factor of about half as many digits)
     lcm_digits: int = 4  # lcm: digits of both numbers (they share a small factor)
     sumsq_digits: int = 3  # sumsq: digits of n in 1^2+...+n^2
+    sumsq_digits_max: int | None = None  # if set: n's digit count drawn uniformly in [sumsq_digits, this]
     fact_n_max: int = 99  # factmod: n! with n in 20..fact_n_max
     fact_mod_digits: int = 4  # factmod: digits of the prime modulus (> fact_n_max)
     heldout_fraction: float = 0.125  # share of the problem space reserved for eval (by text hash)
@@ -49,6 +50,10 @@ class ToyConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= _MAX_DIGITS:
                 raise ValueError(f"ToyConfig.{name} must be an int in [{low}, {_MAX_DIGITS}], got {value!r}")
+        if self.sumsq_digits_max is not None and not (
+                isinstance(self.sumsq_digits_max, int) and self.sumsq_digits <= self.sumsq_digits_max <= _MAX_DIGITS):
+            raise ValueError(f"ToyConfig.sumsq_digits_max must be None or an int in [sumsq_digits="
+                             f"{self.sumsq_digits}, {_MAX_DIGITS}], got {self.sumsq_digits_max!r}")
         if not isinstance(self.fact_n_max, int) or not 20 <= self.fact_n_max <= 999:
             raise ValueError(f"ToyConfig.fact_n_max must be an int in [20, 999], got {self.fact_n_max!r}")
         if 10 ** self.fact_mod_digits - 1 <= self.fact_n_max:
@@ -120,7 +125,8 @@ def _lcm(rng: random.Random, cfg: ToyConfig) -> tuple[str, int, str]:
 
 
 def _sumsq(rng: random.Random, cfg: ToyConfig) -> tuple[str, int, str]:
-    n = _digits(rng, cfg.sumsq_digits)
+    d = cfg.sumsq_digits if cfg.sumsq_digits_max is None else rng.randint(cfg.sumsq_digits, cfg.sumsq_digits_max)
+    n = _digits(rng, d)
     return (f"What is 1^2+2^2+...+{n}^2?", n * (n + 1) * (2 * n + 1) // 6,
             f"print(sum(k*k for k in range(1, {n}+1)))")  # a pure copy of n: no mental arithmetic
 
