@@ -53,6 +53,7 @@ import numpy as np
 from flax import nnx
 
 from rstar2_jax.config import ModelConfig
+from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import kv_cache
 from rstar2_jax.sampling.interface import STOP_REASONS, EngineStats, Request, StopEvent  # noqa: F401
 from rstar2_jax.sampling.page_table import PageTable
@@ -76,9 +77,12 @@ class EngineConfig:
     # Smaller decode row counts to compile as well (each a separate jit variant); a step uses the
     # smallest that holds its decoding sequences. () = always num_slots rows: compiles once.
     decode_row_buckets: tuple[int, ...] = ()
+    # K: most decode steps per jitted call when no slot needs a prefill chunk or a per-token host
+    # check (``decode_loop``); 1 = one ``paged_step`` per call always.
+    decode_steps: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows"):
+        for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
@@ -151,10 +155,12 @@ class PagedEngine:
             self.cache = jax.device_put(self.cache, device)
         self.scheduler = Scheduler(self.page_table, cfg.num_slots)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
+        self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
+        self._loop_spec = loop_mod.LoopSpec(cfg.num_slots, cfg.decode_steps, cfg.page_size, cfg.attention_impl)
         self._next_id = 0
         self._next_order = 0
         self._stats = dict(steps=0, tokens_generated=0, prefill_tokens=0, decode_tokens=0, page_copies=0,
-                           submitted=0)
+                           submitted=0, decode_loop_calls=0)
 
     # -- public API ------------------------------------------------------------------------------
     def submit(self, request: Request) -> int:
@@ -220,6 +226,9 @@ class PagedEngine:
         decode, prefill = sched.lanes(self.cfg.prefill_rows)
         if not decode and not prefill:
             return []
+        limits = self._loop_limits(decode) if not prefill else None
+        if limits is not None:
+            return self._run_loop(decode, limits)
         rd = next(r for r in self._row_buckets if r >= len(decode))
         tokens, logprobs, chunks = self._run(decode, prefill, rd, self.cfg.prefill_rows if prefill else 0)
         self._stats["steps"] += 1
@@ -248,6 +257,9 @@ class PagedEngine:
             for pr in (0, self.cfg.prefill_rows):
                 self._run([], [], rd, pr)  # returns host arrays: the step has run
                 n += 1
+        if self.cfg.decode_steps > 1:
+            self._loop([], [])  # no active row: the loop body never runs, but it compiles
+            n += 1
         return n
 
     def has_work(self) -> bool:
@@ -310,6 +322,52 @@ class PagedEngine:
         batch, chunks = build_step_batch(decode, prefill, self.scheduler.block_tables, spec)
         self.cache, tokens, logprobs = paged_step(self.graphdef, self.params, self.cache, batch, spec)
         return np.asarray(tokens), np.asarray(logprobs), chunks
+
+    # -- the device decode loop ------------------------------------------------------------------
+    def _loop_limits(self, decode: list[Seq]) -> list[int] | None:
+        """Tokens each decoding sequence may sample in one ``decode_loop`` call, with the pages for
+        them reserved; None when the call should be a single ``paged_step`` instead (K = 1, a row
+        needs a host check per token, or too few free pages: single steps then preempt as usual)."""
+        k = self.cfg.decode_steps
+        if k == 1 or any(s.stop_strings or len(s.stop_ids) > loop_mod.STOP_WIDTH for s in decode):
+            return None
+        left = [min(s.max_new - (len(s.tokens) - s.seg_start), self.cfg.max_seq_len - len(s.tokens))
+                for s in decode]
+        while k > 1:
+            limits = [min(k, n) for n in left]
+            if max(limits) <= 1:
+                return None
+            # positions written: len-1 .. len-2+limit (the last sampled token gets no K/V this call)
+            if self.scheduler.reserve(decode, [len(s.tokens) - 1 + n for s, n in zip(decode, limits)]):
+                return limits
+            k //= 2
+        return None
+
+    def _loop(self, decode: list[Seq], limits: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One ``decode_loop`` call (the cache is donated and replaced); host arrays [K,B], [K,B], [B]."""
+        sa = self._slot_arrays
+        sa.sync(self.scheduler.slots)
+        batch = sa.batch(decode, limits, self.scheduler.block_tables, exit_on_stop=bool(self.scheduler.waiting))
+        self.cache, tokens, logprobs, counts = loop_mod.decode_loop(self.graphdef, self.params, self.cache, batch,
+                                                                    self._loop_spec)
+        return np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
+
+    def _run_loop(self, decode: list[Seq], limits: list[int]) -> list[StopEvent]:
+        """Run the device loop and book its tokens through the usual stop handling."""
+        tokens, logprobs, counts = self._loop(decode, limits)
+        self._stats["steps"] += int(counts.max())
+        self._stats["decode_loop_calls"] += 1
+        events = []
+        for s in decode:
+            b, n = s.slot, int(counts[s.slot])
+            s.cached += n
+            self._stats["decode_tokens"] += n
+            for j in range(n):
+                ev = self._on_sample(s, int(tokens[j, b]), float(logprobs[j, b]))
+                assert not ev or j == n - 1, f"sequence {s.id}: host stop at {j}, device ran {n}"
+                events += ev
+            self.scheduler.trim(s)
+        return events
 
     def _copy_pages(self, copies: list[tuple[int, int]]) -> None:
         """Apply a fork's copy-on-write ``(src, dst)`` page copies on the device."""
