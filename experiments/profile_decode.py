@@ -29,6 +29,11 @@ from rstar2_jax.sampling import PagedEngine, kv_cache, sample_rows
 from rstar2_jax.sampling import engine as engine_mod
 from rstar2_jax.sampling.scheduler import Scheduler
 
+try:
+    from rstar2_jax.sampling import decode_loop as loop_mod
+except ImportError:  # an engine without the device decode loop
+    loop_mod = None
+
 T = collections.defaultdict(float)
 N = collections.Counter()
 
@@ -63,17 +68,16 @@ def jitted(name, fn):
 
 
 def instrument() -> None:
-    for name in ("admit", "grow", "lanes"):
-        setattr(Scheduler, name, timed("host scheduling", getattr(Scheduler, name)))
-    for name in ("build_step_batch", "build_loop_batch"):
-        if hasattr(engine_mod, name):
-            setattr(engine_mod, name, timed("host batch build", getattr(engine_mod, name)))
-    for name in ("paged_step", "decode_loop"):
-        if hasattr(engine_mod, name):
-            setattr(engine_mod, name, jitted(f"jitted {name}", getattr(engine_mod, name)))
-    for name in ("_on_sample", "_book_loop"):
-        if hasattr(PagedEngine, name):
-            setattr(PagedEngine, name, timed("host stops/booking", getattr(PagedEngine, name)))
+    for name in ("admit", "grow", "lanes", "reserve", "trim"):
+        if hasattr(Scheduler, name):
+            setattr(Scheduler, name, timed("host scheduling", getattr(Scheduler, name)))
+    engine_mod.build_step_batch = timed("host batch build", engine_mod.build_step_batch)
+    engine_mod.paged_step = jitted("jitted paged_step", engine_mod.paged_step)
+    if loop_mod is not None:
+        for name in ("sync", "batch"):
+            setattr(loop_mod.SlotArrays, name, timed("host batch build", getattr(loop_mod.SlotArrays, name)))
+        loop_mod.decode_loop = jitted("jitted decode_loop", loop_mod.decode_loop)
+    PagedEngine._on_sample = timed("host stops/booking", PagedEngine._on_sample)
     PagedEngine.step = timed("step() total", PagedEngine.step)
 
 

@@ -87,6 +87,8 @@ def paged_attention(q_rqnh: Float[Array, "R Q N H"], layer: KVLayer, block_table
     if impl == "reference" or q_rqnh.shape[1] != 1:
         if impl != "reference" and impl not in DECODE_KERNELS:
             raise ValueError(f"paged_attention: impl must be one of {attention_impls()}, got {impl!r}")
+        if q_rqnh.shape[1] == 1 and layer[0].shape[2] <= FLAT_DECODE_MAX_KV_HEADS:
+            return _flat_decode_attention(q_rqnh, layer, block_tables_rm, q_pos_rq)
         return _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq)
     try:
         kernel = DECODE_KERNELS[impl]
@@ -194,6 +196,54 @@ def _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq):
 
     with jax.named_scope("paged_attention"):
         return map_rows(rows, q_rqnh, bt, q_pos_rq)
+
+
+FLAT_DECODE_MAX_KV_HEADS = 2  # decode rows of models with at most this many kv heads use the flat form
+
+
+def _flat_decode_attention(q_r1nh, layer, block_tables_rm, q_pos_r1):
+    """Decode rows (Q = 1) of a model with few kv heads: one batched matmul per key block, all rows.
+
+    The queries of kv head k are zero outside head k's slice of a ``[K*H]`` vector, so a row's
+    scores over a block of keys ``[S, K*H]`` (pages as stored, no transpose) are one ``[N, K*H] x
+    [K*H, S]`` product; the output keeps the diagonal ``[K, H]`` blocks. K-fold redundant
+    multiply-adds (none for MQA) buy contiguous operands: on XLA:CPU about 2x faster than the
+    per-kv-head contraction at 2 kv heads. Key blocks of ``KV_BLOCK`` positions up to the longest
+    row, combined by the same online softmax as ``blockwise_attention``: a block fully masked for a
+    row leaves it bit-for-bit unchanged, so a row's result does not depend on the other rows.
+    """
+    k_pages, v_pages = layer
+    r, _, n, h = q_r1nh.shape
+    z, kh = k_pages.shape[1], k_pages.shape[2]
+    m = block_tables_rm.shape[1]
+    bp = max(1, KV_BLOCK // z)
+    bt = jnp.pad(block_tables_rm, ((0, 0), (0, -m % bp)))
+    blk = bp * z
+    pos = q_pos_r1[:, 0]
+    eye = jnp.eye(kh, dtype=jnp.float32)
+    qg = q_r1nh[:, 0].reshape(r, kh, n // kh, h).astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
+    qz = (qg[:, :, :, None, :] * eye[None, :, None, :, None]).reshape(r, n, kh * h)  # [R, N, K*H]
+    neg = jnp.finfo(jnp.float32).min
+
+    def body(i, carry):
+        mx, l, o = carry  # [R,N], [R,N], [R,N,K*H]
+        pages = jax.lax.dynamic_slice_in_dim(bt, i * bp, bp, axis=1)  # [R, bp]
+        k = k_pages[pages].reshape(r, blk, kh * h).astype(jnp.float32)
+        v = v_pages[pages].reshape(r, blk, kh * h).astype(jnp.float32)
+        s = jnp.einsum("RNC,RSC->RNS", qz, k)
+        key_pos = i * blk + jnp.arange(blk, dtype=jnp.int32)
+        s = jnp.where((key_pos[None, :] <= pos[:, None])[:, None], s, neg)
+        mx_new = jnp.maximum(mx, s.max(-1))
+        p = jnp.exp(s - mx_new[..., None])
+        corr = jnp.exp(mx - mx_new)
+        return mx_new, l * corr + p.sum(-1), o * corr[..., None] + jnp.einsum("RNS,RSC->RNC", p, v)
+
+    init = (jnp.full((r, n), neg), jnp.zeros((r, n)), jnp.zeros((r, n, kh * h)))
+    with jax.named_scope("paged_attention_decode"):
+        _, l, o = jax.lax.fori_loop(0, jnp.max(pos) // blk + 1, body, init)
+    o = (o / l[..., None]).reshape(r, kh, n // kh, kh, h)
+    out = jnp.einsum("RKGJH,KJ->RKGH", o, eye)  # head k's output is its own diagonal block
+    return out.reshape(r, 1, n, h).astype(q_r1nh.dtype)
 
 
 def _pallas_gpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, interpret: bool = False):
