@@ -80,6 +80,9 @@ class EngineConfig:
     # K: most decode steps per jitted call when no slot needs a prefill chunk or a per-token host
     # check (``decode_loop``); 1 = one ``paged_step`` per call always.
     decode_steps: int = 8
+    # KV page dtype ("bfloat16" halves KV memory and bandwidth); None = the model's compute dtype.
+    # Attention always accumulates in fp32.
+    kv_dtype: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
@@ -93,6 +96,9 @@ class EngineConfig:
         if any(not 0 < b < self.num_slots for b in self.decode_row_buckets):
             raise ValueError(f"EngineConfig.decode_row_buckets must lie in (0, num_slots), got "
                              f"{self.decode_row_buckets!r}")
+        if self.kv_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"EngineConfig.kv_dtype must be None, 'float32', 'bfloat16' or 'float16', "
+                             f"got {self.kv_dtype!r}")
         if self.attention_impl not in kv_cache.attention_impls():
             raise ValueError(f"EngineConfig.attention_impl must be one of {kv_cache.attention_impls()}, "
                              f"got {self.attention_impl!r}")
@@ -104,10 +110,11 @@ class EngineConfig:
     def resolve_num_pages(self, model_cfg: ModelConfig) -> int:
         if self.num_pages is not None:
             return self.num_pages
-        n = kv_cache.pages_for_budget(model_cfg, self.page_size, self.kv_memory_bytes)
+        n = kv_cache.pages_for_budget(model_cfg, self.page_size, self.kv_memory_bytes, self.kv_dtype)
         if n < 2:
             raise ValueError(f"EngineConfig.kv_memory_bytes={self.kv_memory_bytes} holds {n} pages "
-                             f"(page = {kv_cache.page_bytes(model_cfg, self.page_size)} bytes); need >= 2")
+                             f"(page = {kv_cache.page_bytes(model_cfg, self.page_size, self.kv_dtype)} bytes); "
+                             "need >= 2")
         return n
 
 
@@ -150,7 +157,7 @@ class PagedEngine:
         self.num_pages = cfg.resolve_num_pages(model_cfg)
         self.page_table = PageTable(num_pages=self.num_pages, page_size=cfg.page_size,
                                     max_pages_per_seq=cfg.max_pages_per_seq)
-        self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size)
+        self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size, cfg.kv_dtype)
         if device is not None:
             self.cache = jax.device_put(self.cache, device)
         self.scheduler = Scheduler(self.page_table, cfg.num_slots)

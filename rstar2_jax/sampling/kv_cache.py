@@ -16,10 +16,16 @@ Attention over pages: ``paged_attention`` is the pure-JAX reference and runs any
 of ``ROW_CHUNK``, each chunk gathering its pages ``KV_BLOCK`` positions at a time and combining blocks
 with an online softmax, up to the chunk's longest row only (so short sequences cost little).
 
+Decode rows (Q = 1) of a model with <= ``FLAT_DECODE_MAX_KV_HEADS`` kv heads take a flat form of the
+same computation (``_flat_decode_attention``: all rows at once, one batched matmul per key block).
+
 Kernel hook: ``impl=<name>`` routes single-query decode rows to a kernel registered with
 ``register_decode_kernel``. Built in: ``"pallas_gpu"`` (``jax.experimental.pallas.ops.gpu.
-paged_attention``) and ``"pallas_gpu_interpret"`` (the same kernel interpreted, so CPU tests run it).
-Prefill/extend chunks always use the reference.
+paged_attention``), ``"pallas_gpu_interpret"`` (the same kernel interpreted, so CPU tests run it),
+``"pallas_tpu"`` (``jax.experimental.pallas.ops.tpu.ragged_paged_attention``, TPU only) and
+``"pallas_tpu_reference"`` (that adapter over the TPU module's pure-JAX reference: eager CPU tests only).
+Prefill/extend chunks always use the reference. Pages may be stored in bf16 (``init_cache(dtype=)``);
+attention upcasts them to fp32 (the GPU kernel computes in the pages' dtype, accumulating in fp32).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from rstar2_jax.config import ModelConfig
@@ -258,14 +265,44 @@ def _pallas_gpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, interpret: b
     h, m = q_rnh.shape[-1], block_tables_rm.shape[1]
     ppcb = next(c for c in (8, 4, 2, 1) if m % c == 0)
     splits = next(s for s in (16, 8, 4, 2, 1) if (m // ppcb) % s == 0)
-    q = q_rnh / jnp.sqrt(jnp.float32(h)).astype(q_rnh.dtype)  # the kernel does not scale
+    # the kernel does not scale; it casts K/V to q's dtype, so q takes the pages' (bf16 KV: bf16 dots)
+    q = (q_rnh / jnp.sqrt(jnp.float32(h)).astype(q_rnh.dtype)).astype(k_pages.dtype)
     out = pa.paged_attention(q, jnp.moveaxis(k_pages, 2, 0), jnp.moveaxis(v_pages, 2, 0), block_tables_rm,
                              lengths_r, pages_per_compute_block=ppcb, k_splits=splits, interpret=interpret)
     return out.astype(q_rnh.dtype)
 
 
+def _pallas_tpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, kernel: Callable | None = None):
+    """Hook for TPU: ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` on decode rows.
+
+    That kernel takes ragged query runs (``cu_q_lens``; one query per decode row here) over one
+    combined page array ``[P, Z, 2K, H]`` (K heads at even, V heads at odd indices), which this
+    adapter interleaves per call. TODO(kv-layout): store the cache combined when this path is the
+    default. ``kernel`` swaps in the module's own pure-JAX ``ref_ragged_paged_attention`` (same
+    signature; it loops in Python over concrete lengths, so only eagerly, not under jit), which is how
+    CPU tests check this adapter; the Mosaic kernel itself runs only on TPU.
+    """
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    k_pages, v_pages = layer
+    p, z, kh, h = k_pages.shape
+    r = q_rnh.shape[0]
+    kv = jnp.stack([k_pages, v_pages.astype(k_pages.dtype)], axis=3).reshape(p, z, 2 * kh, h)
+    fn = kernel or rpa.ragged_paged_attention
+    out = fn(q_rnh.astype(k_pages.dtype), kv, lengths_r, block_tables_rm, np.arange(r + 1, dtype=np.int32),
+             np.array([r], np.int32), sm_scale=float(h) ** -0.5)
+    return out.astype(q_rnh.dtype)
+
+
+def _tpu_reference_kernel(*args, **kw):
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+    return rpa.ref_ragged_paged_attention(*args, **kw)
+
+
 register_decode_kernel("pallas_gpu", _pallas_gpu_decode)
 register_decode_kernel("pallas_gpu_interpret", functools.partial(_pallas_gpu_decode, interpret=True))
+register_decode_kernel("pallas_tpu", _pallas_tpu_decode)
+register_decode_kernel("pallas_tpu_reference", functools.partial(_pallas_tpu_decode, kernel=_tpu_reference_kernel))
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))
