@@ -36,6 +36,7 @@ from rstar2_jax.model.hf_io import export_hf, load_hf  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature  # noqa: E402
 
 PROMPT, NEW = 32, 128
+LAST_CPU = [0.0]  # process CPU seconds of the last run_ours / run_hf call
 # Peak HBM bandwidth in GB/s by jax device_kind substring (first match wins).
 PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0, "L4": 300.0, "A10": 600.0, "V100": 900.0}
 
@@ -63,9 +64,10 @@ def prompts_for(b: int, vocab: int, seed: int) -> list[list[int]]:
 
 
 def run_ours(engine: PagedEngine, prompts, new: int, sampler=None, seed: int = 0) -> tuple[list[list[int]], float]:
-    """All prompts at once, step to idle; returns the sampled tokens per request and wall seconds."""
+    """All prompts at once, step to idle; returns the sampled tokens per request and wall seconds
+    (process CPU seconds of the last call in ``LAST_CPU``)."""
     sampler = sampler or Temperature()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     ids = [engine.submit(Request(prompt=p, key=seed * 100_000 + i, max_new_tokens=new, sampler=sampler))
            for i, p in enumerate(prompts)]
     out = {}
@@ -73,6 +75,7 @@ def run_ours(engine: PagedEngine, prompts, new: int, sampler=None, seed: int = 0
         for ev in engine.step():
             out[ev.seq_id] = ev.tokens
     secs = time.perf_counter() - t0
+    LAST_CPU[0] = time.process_time() - c0
     for i in ids:
         engine.release(i)
     return [out[i] for i in ids], secs
@@ -88,24 +91,28 @@ def run_hf(model, prompts, new: int, do_sample: bool = True, seed: int = 0) -> t
     dev = next(model.parameters()).device
     ids = torch.tensor(prompts, dtype=torch.long, device=dev)
     torch.manual_seed(seed)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
     if dev.type == "cuda":
         torch.cuda.synchronize()
     secs = time.perf_counter() - t0
+    LAST_CPU[0] = time.process_time() - c0
     assert out.shape == (len(prompts), PROMPT + new), out.shape
     return out[:, PROMPT:].tolist(), secs
 
 
-def load_both(cfg: ModelConfig, tmp: Path, torch_device: str = "cpu"):
-    """Random weights -> export_hf -> (our graphdef, params) via load_hf, and the HF torch model."""
+def load_both(cfg: ModelConfig, tmp: Path, torch_device: str | None = "cpu"):
+    """Random weights -> export_hf -> (our graphdef, params) via load_hf, and the HF torch model
+    on ``torch_device`` (None: not loaded)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
     export_hf(tmp, graphdef, params, cfg)
     graphdef, params, _ = load_hf(tmp, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    if torch_device is None:
+        return graphdef, params, None
     tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.param_dtype]
     hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=tdt).to(torch_device).eval()
     return graphdef, params, hf
@@ -121,19 +128,23 @@ def compare(graphdef, params, hf, cfg: ModelConfig, batches: list[int], reps: in
         prompts = prompts_for(b, cfg.vocab_size, seed=b)
         run_ours(engine, prompts, 8)  # warm the whole path (first calls, caches)
         run_hf(hf, prompts, 8)
-        ours_t, hf_t = [], []
+        ours_t, hf_t, ours_c, hf_c = [], [], [], []
         for r in tqdm(range(reps), desc=f"B={b}", unit="rep"):
-            order = [("ours", ours_t), ("hf", hf_t)] if r % 2 == 0 else [("hf", hf_t), ("ours", ours_t)]
-            for name, acc in order:
+            for name in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
                 if name == "ours":
-                    acc.append(run_ours(engine, prompts, NEW, seed=r)[1])
+                    ours_t.append(run_ours(engine, prompts, NEW, seed=r)[1])
+                    ours_c.append(LAST_CPU[0])
                 else:
-                    acc.append(run_hf(hf, prompts, NEW, seed=r)[1])
-        ours_tps, hf_tps = b * NEW / statistics.median(ours_t), b * NEW / statistics.median(hf_t)
+                    hf_t.append(run_hf(hf, prompts, NEW, seed=r)[1])
+                    hf_c.append(LAST_CPU[0])
+        med = statistics.median
+        ours_tps, hf_tps = b * NEW / med(ours_t), b * NEW / med(hf_t)
         ratios[b] = ours_tps / hf_tps
         st = engine.stats()
-        print(f"B={b:3d}: ours {ours_tps:8.1f} tok/s, HF generate {hf_tps:8.1f} tok/s -> {ratios[b]:.2f}x "
-              f"(medians of {reps}; ours {st.steps} jitted calls for {st.tokens_generated} tokens)")
+        print(f"B={b:3d}: ours {ours_tps:8.1f} tok/s, HF generate {hf_tps:8.1f} tok/s -> {ratios[b]:.2f}x wall "
+              f"(medians of {reps}); CPU seconds per run ours {med(ours_c):.2f}, HF {med(hf_c):.2f} -> "
+              f"{med(hf_c) / med(ours_c):.2f}x; ours {st.decode_loop_calls} decode-loop calls + "
+              f"{st.steps} model steps for {st.tokens_generated} tokens")
     return ratios
 
 
@@ -154,26 +165,26 @@ def gpu_roofline(args, tmp: Path) -> None:
     dev = jax.devices()[0]
     peak = args.peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in dev.device_kind), None)
     use_torch = torch.cuda.is_available()
-    graphdef, params, hf = load_both(cfg, tmp / "q06b", "cuda" if use_torch else "cpu")
-    if not use_torch:
-        del hf
+    graphdef, params, hf = load_both(cfg, tmp / "q06b", "cuda" if use_torch else None)
     ecfg = engine_cfg(b, args.decode_steps, kv_dtype="bfloat16", attention_impl=args.gpu_attention)
     engine = PagedEngine(graphdef, params, cfg, ecfg)
     engine.warmup()
     prompts = prompts_for(b, cfg.vocab_size, seed=1)
     run_ours(engine, prompts, 8)
-    secs = statistics.median(run_ours(engine, prompts, NEW, seed=r)[1] for r in range(args.gpu_reps))
+    short, long_ = 8, NEW
+    t_short = statistics.median(run_ours(engine, prompts, short, seed=r)[1] for r in range(args.gpu_reps))
+    secs = statistics.median(run_ours(engine, prompts, long_, seed=r)[1] for r in range(args.gpu_reps))
     tps = b * NEW / secs
-    # Bytes one decode step reads: every weight once (the tied embedding as the LM head) + each row's KV.
+    step_s = (secs - t_short) / (long_ - short)  # one decode step of all rows, prefill and start-up excluded
+    # Bytes one decode step reads: every weight once (a tied embedding is read whole by the LM head)
+    # plus each row's K/V up to its position (mean over the decode steps measured).
     w_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-    w_bytes -= cfg.vocab_size * cfg.hidden_size * 2 if cfg.tie_embeddings else 0  # embedding rows: a gather
-    w_bytes += cfg.vocab_size * cfg.hidden_size * 2  # the head reads it all
-    kv_per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2
-    mean_ctx = PROMPT + NEW / 2
-    step_bytes = w_bytes + b * mean_ctx * kv_per_pos
-    step_s = secs / (NEW + 1)  # decode steps dominate (prefill is one chunk per row)
+    kv_per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, bf16
+    step_bytes = w_bytes + b * (PROMPT + (short + long_) / 2) * kv_per_pos
     gbps = step_bytes / step_s / 1e9
-    line = f"GPU {dev.device_kind}: ours {tps:.0f} tok/s at B={b}, {step_s * 1e3:.2f} ms/step, {gbps:.0f} GB/s"
+    line = (f"GPU {dev.device_kind} ({args.gpu_attention} attention, bf16 weights + KV): ours {tps:.0f} tok/s at "
+            f"B={b} (whole generation), decode step {step_s * 1e3:.2f} ms, {step_bytes / 1e9:.2f} GB read per step "
+            f"-> {gbps:.0f} GB/s")
     if peak:
         line += f" = {gbps / peak:.0%} of the {peak:.0f} GB/s roofline (target >= 60%)"
     print(line)
@@ -197,6 +208,7 @@ def main() -> None:
 
     import torch
     torch.set_num_threads(2)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (timings are wall clock)")
     cfg = cpu_policy_cfg()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

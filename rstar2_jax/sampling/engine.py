@@ -21,6 +21,12 @@ per (decode row count, with/without prefill) variant, i.e. twice with the defaul
 ``num_slots``; ``decode_row_buckets`` adds smaller row counts for partly empty engines (``warmup()``
 compiles them all up front). The cache is donated: no copy per step.
 
+Decode loop: when no slot needs a prefill chunk (and no decoding sequence has stop strings), a
+step runs ``decode_loop`` instead: up to ``decode_steps`` decode steps of every slot in one jitted
+call, stops checked on the device, pages for those positions reserved up front (``Scheduler.
+reserve``) and the unused ones given back after (``Scheduler.trim``). Tokens are those of single
+steps; it compiles once more (``warmup()`` includes it).
+
 Not thread-safe: drive each engine from one thread.
 
 Stops: a stop token, a stop string (needs ``decode_fn``), ``max_new_tokens`` (per segment, i.e. since
