@@ -154,7 +154,8 @@ class SlotArrays:
                 continue
             self.key_data[b] = s.key_data
             p = s.params
-            self.temperature[b], self.top_k[b], self.top_p[b], self.greedy[b] = p.temperature, p.top_k, p.top_p, p.greedy
+            self.temperature[b], self.top_k[b] = p.temperature, p.top_k
+            self.top_p[b], self.greedy[b] = p.top_p, p.greedy
             self.stop_ids[b] = -1
             ids = sorted(s.stop_ids)[:STOP_WIDTH]
             self.stop_ids[b, :len(ids)] = ids
@@ -171,3 +172,24 @@ class SlotArrays:
                          key_data=self.key_data.copy(), temperature=self.temperature.copy(), top_k=self.top_k.copy(),
                          top_p=self.top_p.copy(), greedy=self.greedy.copy(), stop_ids=self.stop_ids.copy(),
                          exit_on_stop=np.bool_(exit_on_stop))
+
+
+def plan_window(decode, k: int, max_seq_len: int, scheduler) -> list[int] | None:
+    """Tokens each decoding sequence may sample in one ``decode_loop`` call of at most ``k`` steps,
+    with the pages for them reserved (``Scheduler.reserve``, all or none); None when the call should
+    be a single ``paged_step`` instead: k = 1, a row needs a host check per token (stop strings, more
+    than ``STOP_WIDTH`` stop ids), no row has two tokens left, or the free pages do not cover even a
+    2-step window (single steps then preempt as usual). The window halves until it fits.
+    """
+    if k == 1 or any(s.stop_strings or len(s.stop_ids) > STOP_WIDTH for s in decode):
+        return None
+    left = [min(s.max_new - (len(s.tokens) - s.seg_start), max_seq_len - len(s.tokens)) for s in decode]
+    while k > 1:
+        limits = [min(k, n) for n in left]
+        if max(limits) <= 1:
+            return None
+        # positions written: len-1 .. len-2+limit (the last sampled token gets no K/V this call)
+        if scheduler.reserve(decode, [len(s.tokens) - 1 + n for s, n in zip(decode, limits)]):
+            return limits
+        k //= 2
+    return None

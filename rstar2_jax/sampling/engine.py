@@ -239,7 +239,8 @@ class PagedEngine:
         decode, prefill = sched.lanes(self.cfg.prefill_rows)
         if not decode and not prefill:
             return []
-        limits = self._loop_limits(decode) if not prefill else None
+        limits = None if prefill else loop_mod.plan_window(decode, self.cfg.decode_steps, self.cfg.max_seq_len,
+                                                           self.scheduler)
         if limits is not None:
             return self._run_loop(decode, limits)
         rd = next(r for r in self._row_buckets if r >= len(decode))
@@ -337,25 +338,6 @@ class PagedEngine:
         return np.asarray(tokens), np.asarray(logprobs), chunks
 
     # -- the device decode loop ------------------------------------------------------------------
-    def _loop_limits(self, decode: list[Seq]) -> list[int] | None:
-        """Tokens each decoding sequence may sample in one ``decode_loop`` call, with the pages for
-        them reserved; None when the call should be a single ``paged_step`` instead (K = 1, a row
-        needs a host check per token, or too few free pages: single steps then preempt as usual)."""
-        k = self.cfg.decode_steps
-        if k == 1 or any(s.stop_strings or len(s.stop_ids) > loop_mod.STOP_WIDTH for s in decode):
-            return None
-        left = [min(s.max_new - (len(s.tokens) - s.seg_start), self.cfg.max_seq_len - len(s.tokens))
-                for s in decode]
-        while k > 1:
-            limits = [min(k, n) for n in left]
-            if max(limits) <= 1:
-                return None
-            # positions written: len-1 .. len-2+limit (the last sampled token gets no K/V this call)
-            if self.scheduler.reserve(decode, [len(s.tokens) - 1 + n for s, n in zip(decode, limits)]):
-                return limits
-            k //= 2
-        return None
-
     def _loop(self, decode: list[Seq], limits: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """One ``decode_loop`` call (the cache is donated and replaced); host arrays [K,B], [K,B], [B]."""
         sa = self._slot_arrays

@@ -73,7 +73,8 @@ def test_stops_inside_a_window_and_page_boundaries(policy):
         e.submit(dataclasses.replace(first, stop_token_ids=(stop_tok,)))
         for i in range(6):  # more requests than slots: admission into slots freed mid-window
             e.submit(Request(prompt=_prompt(3 + 2 * i, 10 + i), key=i, max_new_tokens=11 + 3 * i,
-                             sampler=TopK(k=20) if i == 2 else Temperature(), stop_token_ids=tuple(range(7 * i, 7 * i + 6))))
+                             sampler=TopK(k=20) if i == 2 else Temperature(),
+                             stop_token_ids=tuple(range(7 * i, 7 * i + 6))))
 
     single, s1 = _run(policy, 1, 64, submit)
     looped, s8 = _run(policy, 8, 64, submit)

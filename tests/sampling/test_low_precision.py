@@ -1,7 +1,8 @@
 """bf16 KV pages and bf16 weights: the engine's log-probs stay within a stated tolerance of fp32.
 
 The engine samples with bf16 state; the trainer recomputes log-probs of the same tokens with the
-fp32 policy (``token_logprobs``), through the device decode loop. The gap is the sampler/trainer mismatch RL importance ratios see.
+fp32 policy (``token_logprobs``), through the device decode loop. The gap is the sampler/trainer
+mismatch RL importance ratios see.
 Tolerances (max |log-prob difference| over all sampled tokens of a tiny random policy, whose
 log-probs are around -5): bf16 KV alone ``KV_BF16_ATOL``; bf16 weights + compute + KV ``ALL_BF16_ATOL``.
 """
@@ -35,7 +36,8 @@ def _sample(mcfg, graphdef, params, ecfg):
     assert eng.cache[0][0].dtype == jnp.dtype(ecfg.kv_dtype)
     # one-token prompts: every token comes from the decode loop (the only variant compiled here)
     prompts = [[7 + 13 * i] for i in range(4)]
-    ids = [eng.submit(Request(prompt=p, key=i, max_new_tokens=20, sampler=Temperature())) for i, p in enumerate(prompts)]
+    ids = [eng.submit(Request(prompt=p, key=i, max_new_tokens=20, sampler=Temperature()))
+           for i, p in enumerate(prompts)]
     events = {ev.seq_id: ev for ev in eng.run_until_idle()}
     assert eng.stats().decode_loop_calls > 0 and eng.stats().prefill_tokens == 0
     return [(p, events[i]) for p, i in zip(prompts, ids)]
