@@ -7,6 +7,7 @@
 * ``sequence``: host records (``Seq``, ``GroupTemplate``) and the ``SeqState`` transition table.
 * ``scheduler``: slots, FIFO admission, page growth, preemption of the newest holder, group forks.
 * ``step``: the typed ``StepBatch``, its host builder and the jitted ``paged_step``.
+* ``decode_loop``: up to K decode steps per jitted call (``decode_loop``), on-device stops, ``SlotArrays``.
 * ``engine``: ``PagedEngine`` (submit / submit_group / step / resume / release).
 * ``dense_sampler``: static-batch dense-cache sampler and a naive recompute decoder (comparison).
 """

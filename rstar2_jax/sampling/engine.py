@@ -21,6 +21,12 @@ per (decode row count, with/without prefill) variant, i.e. twice with the defaul
 ``num_slots``; ``decode_row_buckets`` adds smaller row counts for partly empty engines (``warmup()``
 compiles them all up front). The cache is donated: no copy per step.
 
+Decode loop: when no slot needs a prefill chunk (and no decoding sequence has stop strings), a
+step runs ``decode_loop`` instead: up to ``decode_steps`` decode steps of every slot in one jitted
+call, stops checked on the device, pages for those positions reserved up front (``Scheduler.
+reserve``) and the unused ones given back after (``Scheduler.trim``). Tokens are those of single
+steps; it compiles once more (``warmup()`` includes it).
+
 Not thread-safe: drive each engine from one thread.
 
 Stops: a stop token, a stop string (needs ``decode_fn``), ``max_new_tokens`` (per segment, i.e. since
@@ -53,6 +59,7 @@ import numpy as np
 from flax import nnx
 
 from rstar2_jax.config import ModelConfig
+from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import kv_cache
 from rstar2_jax.sampling.interface import STOP_REASONS, EngineStats, Request, StopEvent  # noqa: F401
 from rstar2_jax.sampling.page_table import PageTable
@@ -76,9 +83,15 @@ class EngineConfig:
     # Smaller decode row counts to compile as well (each a separate jit variant); a step uses the
     # smallest that holds its decoding sequences. () = always num_slots rows: compiles once.
     decode_row_buckets: tuple[int, ...] = ()
+    # K: most decode steps per jitted call when no slot needs a prefill chunk or a per-token host
+    # check (``decode_loop``); 1 = one ``paged_step`` per call always.
+    decode_steps: int = 8
+    # KV page dtype ("bfloat16" halves KV memory and bandwidth); None = the model's compute dtype.
+    # Attention always accumulates in fp32.
+    kv_dtype: str | None = None
 
     def __post_init__(self) -> None:
-        for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows"):
+        for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
@@ -89,6 +102,9 @@ class EngineConfig:
         if any(not 0 < b < self.num_slots for b in self.decode_row_buckets):
             raise ValueError(f"EngineConfig.decode_row_buckets must lie in (0, num_slots), got "
                              f"{self.decode_row_buckets!r}")
+        if self.kv_dtype not in (None, "float32", "bfloat16", "float16"):
+            raise ValueError(f"EngineConfig.kv_dtype must be None, 'float32', 'bfloat16' or 'float16', "
+                             f"got {self.kv_dtype!r}")
         if self.attention_impl not in kv_cache.attention_impls():
             raise ValueError(f"EngineConfig.attention_impl must be one of {kv_cache.attention_impls()}, "
                              f"got {self.attention_impl!r}")
@@ -100,10 +116,11 @@ class EngineConfig:
     def resolve_num_pages(self, model_cfg: ModelConfig) -> int:
         if self.num_pages is not None:
             return self.num_pages
-        n = kv_cache.pages_for_budget(model_cfg, self.page_size, self.kv_memory_bytes)
+        n = kv_cache.pages_for_budget(model_cfg, self.page_size, self.kv_memory_bytes, self.kv_dtype)
         if n < 2:
             raise ValueError(f"EngineConfig.kv_memory_bytes={self.kv_memory_bytes} holds {n} pages "
-                             f"(page = {kv_cache.page_bytes(model_cfg, self.page_size)} bytes); need >= 2")
+                             f"(page = {kv_cache.page_bytes(model_cfg, self.page_size, self.kv_dtype)} bytes); "
+                             "need >= 2")
         return n
 
 
@@ -146,15 +163,17 @@ class PagedEngine:
         self.num_pages = cfg.resolve_num_pages(model_cfg)
         self.page_table = PageTable(num_pages=self.num_pages, page_size=cfg.page_size,
                                     max_pages_per_seq=cfg.max_pages_per_seq)
-        self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size)
+        self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size, cfg.kv_dtype)
         if device is not None:
             self.cache = jax.device_put(self.cache, device)
         self.scheduler = Scheduler(self.page_table, cfg.num_slots)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
+        self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
+        self._loop_spec = loop_mod.LoopSpec(cfg.num_slots, cfg.decode_steps, cfg.page_size, cfg.attention_impl)
         self._next_id = 0
         self._next_order = 0
         self._stats = dict(steps=0, tokens_generated=0, prefill_tokens=0, decode_tokens=0, page_copies=0,
-                           submitted=0)
+                           submitted=0, decode_loop_calls=0)
 
     # -- public API ------------------------------------------------------------------------------
     def submit(self, request: Request) -> int:
@@ -220,6 +239,10 @@ class PagedEngine:
         decode, prefill = sched.lanes(self.cfg.prefill_rows)
         if not decode and not prefill:
             return []
+        limits = None if prefill else loop_mod.plan_window(decode, self.cfg.decode_steps, self.cfg.max_seq_len,
+                                                           self.scheduler)
+        if limits is not None:
+            return self._run_loop(decode, limits)
         rd = next(r for r in self._row_buckets if r >= len(decode))
         tokens, logprobs, chunks = self._run(decode, prefill, rd, self.cfg.prefill_rows if prefill else 0)
         self._stats["steps"] += 1
@@ -248,6 +271,9 @@ class PagedEngine:
             for pr in (0, self.cfg.prefill_rows):
                 self._run([], [], rd, pr)  # returns host arrays: the step has run
                 n += 1
+        if self.cfg.decode_steps > 1:
+            self._loop([], [])  # no active row: the loop body never runs, but it compiles
+            n += 1
         return n
 
     def has_work(self) -> bool:
@@ -310,6 +336,33 @@ class PagedEngine:
         batch, chunks = build_step_batch(decode, prefill, self.scheduler.block_tables, spec)
         self.cache, tokens, logprobs = paged_step(self.graphdef, self.params, self.cache, batch, spec)
         return np.asarray(tokens), np.asarray(logprobs), chunks
+
+    # -- the device decode loop ------------------------------------------------------------------
+    def _loop(self, decode: list[Seq], limits: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """One ``decode_loop`` call (the cache is donated and replaced); host arrays [K,B], [K,B], [B]."""
+        sa = self._slot_arrays
+        sa.sync(self.scheduler.slots)
+        batch = sa.batch(decode, limits, self.scheduler.block_tables, exit_on_stop=bool(self.scheduler.waiting))
+        self.cache, tokens, logprobs, counts = loop_mod.decode_loop(self.graphdef, self.params, self.cache, batch,
+                                                                    self._loop_spec)
+        return np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
+
+    def _run_loop(self, decode: list[Seq], limits: list[int]) -> list[StopEvent]:
+        """Run the device loop and book its tokens through the usual stop handling."""
+        tokens, logprobs, counts = self._loop(decode, limits)
+        self._stats["steps"] += int(counts.max())
+        self._stats["decode_loop_calls"] += 1
+        events = []
+        for s in decode:
+            b, n = s.slot, int(counts[s.slot])
+            s.cached += n
+            self._stats["decode_tokens"] += n
+            for j in range(n):
+                ev = self._on_sample(s, int(tokens[j, b]), float(logprobs[j, b]))
+                assert not ev or j == n - 1, f"sequence {s.id}: host stop at {j}, device ran {n}"
+                events += ev
+            self.scheduler.trim(s)
+        return events
 
     def _copy_pages(self, copies: list[tuple[int, int]]) -> None:
         """Apply a fork's copy-on-write ``(src, dst)`` page copies on the device."""

@@ -49,7 +49,8 @@ class StopEvent:
 class EngineStats:
     """Counters since the engine was built (``steps`` .. ``submitted``) and its state now."""
 
-    steps: int = 0  # jitted steps run
+    steps: int = 0  # model steps run (one forward of the batch; a decode loop call runs up to decode_steps)
+    decode_loop_calls: int = 0  # jitted decode-loop calls (each ran several of the steps above)
     tokens_generated: int = 0  # sampled tokens
     prefill_tokens: int = 0  # tokens fed by prefill/extend chunks
     decode_tokens: int = 0  # tokens fed by decode rows

@@ -16,10 +16,16 @@ Attention over pages: ``paged_attention`` is the pure-JAX reference and runs any
 of ``ROW_CHUNK``, each chunk gathering its pages ``KV_BLOCK`` positions at a time and combining blocks
 with an online softmax, up to the chunk's longest row only (so short sequences cost little).
 
+Decode rows (Q = 1) of a model with <= ``FLAT_DECODE_MAX_KV_HEADS`` kv heads take a flat form of the
+same computation (``_flat_decode_attention``: all rows at once, one batched matmul per key block).
+
 Kernel hook: ``impl=<name>`` routes single-query decode rows to a kernel registered with
 ``register_decode_kernel``. Built in: ``"pallas_gpu"`` (``jax.experimental.pallas.ops.gpu.
-paged_attention``) and ``"pallas_gpu_interpret"`` (the same kernel interpreted, so CPU tests run it).
-Prefill/extend chunks always use the reference.
+paged_attention``), ``"pallas_gpu_interpret"`` (the same kernel interpreted, so CPU tests run it),
+``"pallas_tpu"`` (``jax.experimental.pallas.ops.tpu.ragged_paged_attention``, TPU only) and
+``"pallas_tpu_reference"`` (that adapter over the TPU module's pure-JAX reference: eager CPU tests only).
+Prefill/extend chunks always use the reference. Pages may be stored in bf16 (``init_cache(dtype=)``);
+attention upcasts them to fp32 (the GPU kernel computes in the pages' dtype, accumulating in fp32).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from rstar2_jax.config import ModelConfig
@@ -87,6 +94,8 @@ def paged_attention(q_rqnh: Float[Array, "R Q N H"], layer: KVLayer, block_table
     if impl == "reference" or q_rqnh.shape[1] != 1:
         if impl != "reference" and impl not in DECODE_KERNELS:
             raise ValueError(f"paged_attention: impl must be one of {attention_impls()}, got {impl!r}")
+        if q_rqnh.shape[1] == 1 and layer[0].shape[2] <= FLAT_DECODE_MAX_KV_HEADS:
+            return _flat_decode_attention(q_rqnh, layer, block_tables_rm, q_pos_rq)
         return _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq)
     try:
         kernel = DECODE_KERNELS[impl]
@@ -196,6 +205,54 @@ def _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq):
         return map_rows(rows, q_rqnh, bt, q_pos_rq)
 
 
+FLAT_DECODE_MAX_KV_HEADS = 2  # decode rows of models with at most this many kv heads use the flat form
+
+
+def _flat_decode_attention(q_r1nh, layer, block_tables_rm, q_pos_r1):
+    """Decode rows (Q = 1) of a model with few kv heads: one batched matmul per key block, all rows.
+
+    The queries of kv head k are zero outside head k's slice of a ``[K*H]`` vector, so a row's
+    scores over a block of keys ``[S, K*H]`` (pages as stored, no transpose) are one ``[N, K*H] x
+    [K*H, S]`` product; the output keeps the diagonal ``[K, H]`` blocks. K-fold redundant
+    multiply-adds (none for MQA) buy contiguous operands: on XLA:CPU about 2x faster than the
+    per-kv-head contraction at 2 kv heads. Key blocks of ``KV_BLOCK`` positions up to the longest
+    row, combined by the same online softmax as ``blockwise_attention``: a block fully masked for a
+    row leaves it bit-for-bit unchanged, so a row's result does not depend on the other rows.
+    """
+    k_pages, v_pages = layer
+    r, _, n, h = q_r1nh.shape
+    z, kh = k_pages.shape[1], k_pages.shape[2]
+    m = block_tables_rm.shape[1]
+    bp = max(1, KV_BLOCK // z)
+    bt = jnp.pad(block_tables_rm, ((0, 0), (0, -m % bp)))
+    blk = bp * z
+    pos = q_pos_r1[:, 0]
+    eye = jnp.eye(kh, dtype=jnp.float32)
+    qg = q_r1nh[:, 0].reshape(r, kh, n // kh, h).astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
+    qz = (qg[:, :, :, None, :] * eye[None, :, None, :, None]).reshape(r, n, kh * h)  # [R, N, K*H]
+    neg = jnp.finfo(jnp.float32).min
+
+    def body(i, carry):
+        mx, l, o = carry  # [R,N], [R,N], [R,N,K*H]
+        pages = jax.lax.dynamic_slice_in_dim(bt, i * bp, bp, axis=1)  # [R, bp]
+        k = k_pages[pages].reshape(r, blk, kh * h).astype(jnp.float32)
+        v = v_pages[pages].reshape(r, blk, kh * h).astype(jnp.float32)
+        s = jnp.einsum("RNC,RSC->RNS", qz, k)
+        key_pos = i * blk + jnp.arange(blk, dtype=jnp.int32)
+        s = jnp.where((key_pos[None, :] <= pos[:, None])[:, None], s, neg)
+        mx_new = jnp.maximum(mx, s.max(-1))
+        p = jnp.exp(s - mx_new[..., None])
+        corr = jnp.exp(mx - mx_new)
+        return mx_new, l * corr + p.sum(-1), o * corr[..., None] + jnp.einsum("RNS,RSC->RNC", p, v)
+
+    init = (jnp.full((r, n), neg), jnp.zeros((r, n)), jnp.zeros((r, n, kh * h)))
+    with jax.named_scope("paged_attention_decode"):
+        _, l, o = jax.lax.fori_loop(0, jnp.max(pos) // blk + 1, body, init)
+    o = (o / l[..., None]).reshape(r, kh, n // kh, kh, h)
+    out = jnp.einsum("RKGJH,KJ->RKGH", o, eye)  # head k's output is its own diagonal block
+    return out.reshape(r, 1, n, h).astype(q_r1nh.dtype)
+
+
 def _pallas_gpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, interpret: bool = False):
     """Adapter to ``jax.experimental.pallas.ops.gpu.paged_attention`` (decode rows).
 
@@ -208,14 +265,44 @@ def _pallas_gpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, interpret: b
     h, m = q_rnh.shape[-1], block_tables_rm.shape[1]
     ppcb = next(c for c in (8, 4, 2, 1) if m % c == 0)
     splits = next(s for s in (16, 8, 4, 2, 1) if (m // ppcb) % s == 0)
-    q = q_rnh / jnp.sqrt(jnp.float32(h)).astype(q_rnh.dtype)  # the kernel does not scale
+    # the kernel does not scale; it casts K/V to q's dtype, so q takes the pages' (bf16 KV: bf16 dots)
+    q = (q_rnh / jnp.sqrt(jnp.float32(h)).astype(q_rnh.dtype)).astype(k_pages.dtype)
     out = pa.paged_attention(q, jnp.moveaxis(k_pages, 2, 0), jnp.moveaxis(v_pages, 2, 0), block_tables_rm,
                              lengths_r, pages_per_compute_block=ppcb, k_splits=splits, interpret=interpret)
     return out.astype(q_rnh.dtype)
 
 
+def _pallas_tpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, kernel: Callable | None = None):
+    """Hook for TPU: ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` on decode rows.
+
+    That kernel takes ragged query runs (``cu_q_lens``; one query per decode row here) over one
+    combined page array ``[P, Z, 2K, H]`` (K heads at even, V heads at odd indices), which this
+    adapter interleaves per call. TODO(kv-layout): store the cache combined when this path is the
+    default. ``kernel`` swaps in the module's own pure-JAX ``ref_ragged_paged_attention`` (same
+    signature; it loops in Python over concrete lengths, so only eagerly, not under jit), which is how
+    CPU tests check this adapter; the Mosaic kernel itself runs only on TPU.
+    """
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+
+    k_pages, v_pages = layer
+    p, z, kh, h = k_pages.shape
+    r = q_rnh.shape[0]
+    kv = jnp.stack([k_pages, v_pages.astype(k_pages.dtype)], axis=3).reshape(p, z, 2 * kh, h)
+    fn = kernel or rpa.ragged_paged_attention
+    out = fn(q_rnh.astype(k_pages.dtype), kv, lengths_r, block_tables_rm, np.arange(r + 1, dtype=np.int32),
+             np.array([r], np.int32), sm_scale=float(h) ** -0.5)
+    return out.astype(q_rnh.dtype)
+
+
+def _tpu_reference_kernel(*args, **kw):
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
+    return rpa.ref_ragged_paged_attention(*args, **kw)
+
+
 register_decode_kernel("pallas_gpu", _pallas_gpu_decode)
 register_decode_kernel("pallas_gpu_interpret", functools.partial(_pallas_gpu_decode, interpret=True))
+register_decode_kernel("pallas_tpu", _pallas_tpu_decode)
+register_decode_kernel("pallas_tpu_reference", functools.partial(_pallas_tpu_decode, kernel=_tpu_reference_kernel))
 
 
 @functools.partial(jax.jit, donate_argnames=("cache",))

@@ -133,6 +133,29 @@ class PageTable:
         self._lengths[seq] = new_len
         return fresh
 
+    def truncate(self, seq: Hashable, n_tokens: int) -> list[int]:
+        """Shrink ``seq``'s reservation to its first ``n_tokens`` positions; returns the pages freed.
+
+        Gives back positions reserved ahead (a decode loop's window that a stop cut short). The new
+        last page must not be shared when partial (it will be written again).
+        """
+        pages = self._get(seq)
+        if not 0 <= n_tokens <= self._lengths[seq]:
+            raise ValueError(f"PageTable.truncate: n_tokens must be in [0, {self._lengths[seq]}] for "
+                             f"{seq!r}, got {n_tokens}")
+        keep = self.pages_needed(n_tokens)
+        if n_tokens % self.page_size and self.ref_counts[pages[keep - 1]] > 1:
+            raise ValueError(f"PageTable.truncate: {seq!r} would end in a shared partial page")
+        released = []
+        for p in pages[keep:]:
+            self.ref_counts[p] -= 1
+            if self.ref_counts[p] == 0:
+                released.append(p)
+        self._free.extend(reversed(released))
+        del pages[keep:]
+        self._lengths[seq] = n_tokens
+        return released
+
     def fork(self, parent: Hashable, children: Iterable[Hashable]) -> list[tuple[int, int]]:
         """Give each child a copy of ``parent``'s positions; returns the device page copies ``(src, dst)``.
 

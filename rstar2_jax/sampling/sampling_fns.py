@@ -40,11 +40,11 @@ def policy_logprobs(logits_bv: Float[Array, "B V"], tokens_b: Int[Array, "B"]) -
     return jnp.take_along_axis(logp, tokens_b[:, None], axis=-1)[:, 0]
 
 
-def _row(logits_v, key, temperature, top_k, top_p, greedy):
-    v = logits_v.shape[0]
+def _threshold(scaled_v, top_k, top_p):
+    """The smallest kept (scaled) logit of a row under top-k then top-p; ``neg`` when nothing is cut."""
+    v = scaled_v.shape[0]
     neg = jnp.finfo(jnp.float32).min
-    scaled = logits_v / jnp.where(temperature > 0, temperature, 1.0)
-    desc = -jnp.sort(-scaled)  # [V] descending; only thresholds are read from it
+    desc = -jnp.sort(-scaled_v)  # [V] descending; only thresholds are read from it
     # top-k: keep values >= the k-th largest (ties at the threshold are kept)
     k = jnp.where(top_k > 0, jnp.minimum(top_k, v), v)
     thr_k = desc[k - 1]
@@ -54,8 +54,13 @@ def _row(logits_v, key, temperature, top_k, top_p, greedy):
     before = jnp.cumsum(probs) - probs
     n_keep = jnp.maximum(jnp.sum(before < top_p), 1)
     thr_p = jnp.where(top_p < 1.0, desc[n_keep - 1], neg)
-    keep = scaled >= jnp.maximum(thr_k, thr_p)
-    sampled = jax.random.categorical(key, jnp.where(keep, scaled, neg))
+    return jnp.maximum(thr_k, thr_p)
+
+
+def _row(logits_v, scaled_v, key, temperature, thr, greedy):
+    neg = jnp.finfo(jnp.float32).min
+    keep = scaled_v >= thr
+    sampled = jax.random.categorical(key, jnp.where(keep, scaled_v, neg))
     return jnp.where(greedy | (temperature <= 0), jnp.argmax(logits_v), sampled).astype(jnp.int32)
 
 
@@ -70,8 +75,13 @@ def sample_rows(logits_bv: Float[Array, "B V"], keys_b: jax.Array, temperature_b
     logits = logits_bv.astype(jnp.float32)
     b = logits.shape[0]
     bcast = lambda x, dt: jnp.broadcast_to(jnp.asarray(x, dt), (b,))
-    tokens = jax.vmap(_row)(logits, keys_b, bcast(temperature_b, jnp.float32), bcast(top_k_b, jnp.int32),
-                            bcast(top_p_b, jnp.float32), bcast(greedy_b, bool))
+    temperature, top_k, top_p = bcast(temperature_b, jnp.float32), bcast(top_k_b, jnp.int32), bcast(top_p_b, jnp.float32)
+    # The sort behind top-k/top-p costs most of the sampler on CPU (XLA's sort is slow): skip it when
+    # no row truncates. Exact: an untruncated row keeps every token either way.
+    scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+    thr = jax.lax.cond(jnp.any((top_k > 0) | (top_p < 1.0)), lambda: jax.vmap(_threshold)(scaled, top_k, top_p),
+                       lambda: jnp.full((b,), jnp.finfo(jnp.float32).min))
+    tokens = jax.vmap(_row)(logits, scaled, keys_b, temperature, thr, bcast(greedy_b, bool))
     return tokens, policy_logprobs(logits, tokens)
 
 

@@ -138,6 +138,27 @@ class Scheduler:
                 n = len(pt.pages(seq.id))
                 self.block_tables[seq.slot, n - len(fresh):n] = fresh
 
+    def reserve(self, seqs: list[Seq], lengths: list[int]) -> bool:
+        """Reserve positions up to ``lengths[i]`` for each sequence in a slot, all or none (no
+        preemption): False, and nothing changed, if the free pages do not cover them all."""
+        pt = self.pt
+        need = sum(max(pt.pages_needed(n) - len(pt.pages(s.id)), 0) for s, n in zip(seqs, lengths))
+        if need > pt.free_pages():
+            return False
+        for s, n in zip(seqs, lengths):
+            if n > pt.length(s.id):
+                fresh = pt.append(s.id, n - pt.length(s.id))
+                k = len(pt.pages(s.id))
+                self.block_tables[s.slot, k - len(fresh):k] = fresh
+        return True
+
+    def trim(self, seq: Seq) -> None:
+        """Give back positions reserved past the sequence's last token (which has no K/V yet)."""
+        if self.holds_pages(seq) and self.pt.length(seq.id) > len(seq.tokens) - 1:
+            self.pt.truncate(seq.id, len(seq.tokens) - 1)
+            if seq.slot is not None:
+                self.block_tables[seq.slot, len(self.pt.pages(seq.id)):] = 0
+
     def preempt_newest(self, exclude: Seq | None) -> bool:
         """Free the pages of the newest page holder other than ``exclude``; False if there is none."""
         holders = [s for s in self.seqs.values() if self.holds_pages(s) and s is not exclude]

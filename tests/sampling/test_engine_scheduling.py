@@ -10,9 +10,11 @@ from flax import nnx
 
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
-from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, naive_generate
+from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, kv_cache, naive_generate
 from rstar2_jax.sampling.sequence import TRANSITIONS, Seq, SeqState
+from rstar2_jax.sampling.decode_loop import decode_loop
 from rstar2_jax.sampling.step import paged_step
+from rstar2_jax.utils.compiles import CompileCounter
 
 MAX_LEN = 64
 # 8 usable pages of 4 tokens, two prefill rows: a group of a 10-token prompt (template: 9 tokens,
@@ -139,15 +141,23 @@ def test_one_compile_per_step_variant_whatever_the_workload(policy):
     cfg = EngineConfig(num_slots=3, page_size=4, max_seq_len=MAX_LEN, num_pages=12, prefill_chunk=8,
                        decode_row_buckets=(1,))  # a shape no other test uses: its compiles are counted here
     eng = _engine(policy, cfg)
-    before = paged_step._cache_size()
-    assert eng.warmup() == 4  # {1, 3} decode rows x {without, with} a prefill row
-    assert paged_step._cache_size() == before + 4
+    before, loops = paged_step._cache_size(), decode_loop._cache_size()
+    counter = CompileCounter()
+    assert eng.warmup() == 5  # {1, 3} decode rows x {without, with} a prefill row, and the decode loop
+    assert paged_step._cache_size() == before + 4 and decode_loop._cache_size() == loops + 1
+    warm_compiles = counter.take()
+    assert warm_compiles >= 5
     for i in range(3):  # groups (copy-on-write), singles, preemption (11 pages for up to 6 x 5)
         eng.submit_group(_req(_prompt(6 + i, 10 + i), 12), 2)
         eng.submit(_req(_prompt(3 + 5 * i, 20 + i), 10))
+    counter.take()
+    copies = kv_cache.copy_pages._cache_size()
     events = _run(eng)
     assert len(events) == 9 and eng.stats().preemptions > 0 and eng.stats().page_copies > 0
     sid = next(iter(events))
     eng.resume(sid, [1, 2, 3], max_new_tokens=3)  # an extend chunk
     _run(eng)
-    assert paged_step._cache_size() == before + 4
+    assert paged_step._cache_size() == before + 4 and decode_loop._cache_size() == loops + 1
+    assert eng.stats().decode_loop_calls > 0
+    # the only compiles while running: fork page copies (one per power-of-two copy count)
+    assert counter.take() == kv_cache.copy_pages._cache_size() - copies

@@ -1,0 +1,229 @@
+"""PagedEngine vs Hugging Face transformers ``generate`` on identical random Qwen3 weights.
+
+Workload: B requests of a 32-token random prompt, 128 new tokens each, temperature 1 (no top-k/top-p),
+no stop tokens, so both samplers do exactly B x 128 decode tokens (prefill included in the time).
+Policy: random Qwen3, 4 layers, hidden 256, 4 heads (2 kv heads, head_dim 64), MLP 768, vocab 1024,
+fp32. Our weights are written with ``rstar2_jax.model.hf_io.export_hf`` and loaded by
+``transformers.AutoModelForCausalLM.from_pretrained`` (and back by ``load_hf``), so both run the
+same tensors; a greedy check confirms the two produce the same tokens.
+
+CPU: torch uses 2 threads (the machine's cores); runs alternate ours/HF, medians of ``--reps``.
+Throughput = B x 128 / wall seconds of one whole generation (compilation excluded: warmed up first).
+
+GPU (when ``jax.devices()`` is a GPU): also a Qwen3-0.6B-shaped policy with random bf16 weights and
+bf16 KV, B=64 decode: tokens/s, and the fraction of the memory-bandwidth roofline, i.e.
+(bytes of weights + KV read per decode step / step time) / the device's peak bandwidth (table below
+or ``--peak-gbps``); next to HF ``generate`` on the same GPU when torch sees CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+from rstar2_jax.config import ModelConfig  # noqa: E402
+from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
+from rstar2_jax.model.hf_io import export_hf, load_hf  # noqa: E402
+from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature  # noqa: E402
+
+PROMPT, NEW = 32, 128
+LAST_CPU = [0.0]  # process CPU seconds of the last run_ours / run_hf call
+# Peak HBM bandwidth in GB/s by jax device_kind substring (first match wins).
+PEAK_GBPS = {"H200": 4800.0, "H100": 3350.0, "A100": 2039.0, "L4": 300.0, "A10": 600.0, "V100": 900.0}
+
+
+def cpu_policy_cfg() -> ModelConfig:
+    return ModelConfig.tiny(vocab_size=1024, hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
+                            head_dim=64, intermediate_size=768, rope_theta=1_000_000.0)
+
+
+def qwen3_06b_cfg() -> ModelConfig:
+    """Qwen3-0.6B's shape (28 layers, hidden 1024, 16/8 heads of 128, MLP 3072, vocab 151936, tied)."""
+    return ModelConfig(vocab_size=151936, hidden_size=1024, num_layers=28, num_heads=16, num_kv_heads=8,
+                       head_dim=128, intermediate_size=3072, tie_embeddings=True, dtype="bfloat16",
+                       param_dtype="bfloat16", max_position_embeddings=40960)
+
+
+def engine_cfg(b: int, decode_steps: int | None, **kw) -> EngineConfig:
+    extra = {} if decode_steps is None else dict(decode_steps=decode_steps)
+    return EngineConfig(num_slots=b, page_size=16, max_seq_len=PROMPT + NEW, num_pages=b * 10 + 1,
+                        prefill_chunk=PROMPT, prefill_rows=min(b, 8), **extra, **kw)
+
+
+def prompts_for(b: int, vocab: int, seed: int) -> list[list[int]]:
+    return np.random.default_rng(seed).integers(0, vocab, size=(b, PROMPT)).tolist()
+
+
+def run_ours(engine: PagedEngine, prompts, new: int, sampler=None, seed: int = 0) -> tuple[list[list[int]], float]:
+    """All prompts at once, step to idle; returns the sampled tokens per request and wall seconds
+    (process CPU seconds of the last call in ``LAST_CPU``)."""
+    sampler = sampler or Temperature()
+    t0, c0 = time.perf_counter(), time.process_time()
+    ids = [engine.submit(Request(prompt=p, key=seed * 100_000 + i, max_new_tokens=new, sampler=sampler))
+           for i, p in enumerate(prompts)]
+    out = {}
+    while engine.has_work():
+        for ev in engine.step():
+            out[ev.seq_id] = ev.tokens
+    secs = time.perf_counter() - t0
+    LAST_CPU[0] = time.process_time() - c0
+    for i in ids:
+        engine.release(i)
+    return [out[i] for i in ids], secs
+
+
+def run_hf(model, prompts, new: int, do_sample: bool = True, seed: int = 0) -> tuple[list[list[int]], float]:
+    import torch
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(do_sample=do_sample, temperature=1.0 if do_sample else None, top_k=0 if do_sample else None,
+                          top_p=1.0 if do_sample else None, max_new_tokens=new, min_new_tokens=new,
+                          eos_token_id=None, pad_token_id=0)
+    dev = next(model.parameters()).device
+    ids = torch.tensor(prompts, dtype=torch.long, device=dev)
+    torch.manual_seed(seed)
+    t0, c0 = time.perf_counter(), time.process_time()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc)
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+    secs = time.perf_counter() - t0
+    LAST_CPU[0] = time.process_time() - c0
+    assert out.shape == (len(prompts), PROMPT + new), out.shape
+    return out[:, PROMPT:].tolist(), secs
+
+
+def load_both(cfg: ModelConfig, tmp: Path, torch_device: str | None = "cpu"):
+    """Random weights -> export_hf -> (our graphdef, params) via load_hf, and the HF torch model
+    on ``torch_device`` (None: not loaded)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    export_hf(tmp, graphdef, params, cfg)
+    graphdef, params, _ = load_hf(tmp, dtype=cfg.dtype, param_dtype=cfg.param_dtype)
+    if torch_device is None:
+        return graphdef, params, None
+    tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[cfg.param_dtype]
+    hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=tdt).to(torch_device).eval()
+    return graphdef, params, hf
+
+
+def compare(graphdef, params, hf, cfg: ModelConfig, batches: list[int], reps: int, decode_steps: int | None,
+            ) -> dict[int, float]:
+    """Alternating ours/HF runs per batch size; prints tok/s medians; returns {B: ratio}."""
+    ratios = {}
+    for b in batches:
+        engine = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps), device=jax.devices("cpu")[0])
+        engine.warmup()
+        prompts = prompts_for(b, cfg.vocab_size, seed=b)
+        run_ours(engine, prompts, 8)  # warm the whole path (first calls, caches)
+        run_hf(hf, prompts, 8)
+        ours_t, hf_t, ours_c, hf_c = [], [], [], []
+        for r in tqdm(range(reps), desc=f"B={b}", unit="rep"):
+            for name in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
+                if name == "ours":
+                    ours_t.append(run_ours(engine, prompts, NEW, seed=r)[1])
+                    ours_c.append(LAST_CPU[0])
+                else:
+                    hf_t.append(run_hf(hf, prompts, NEW, seed=r)[1])
+                    hf_c.append(LAST_CPU[0])
+        med = statistics.median
+        ours_tps, hf_tps = b * NEW / med(ours_t), b * NEW / med(hf_t)
+        ratios[b] = ours_tps / hf_tps
+        st = engine.stats()
+        print(f"B={b:3d}: ours {ours_tps:8.1f} tok/s, HF generate {hf_tps:8.1f} tok/s -> {ratios[b]:.2f}x wall "
+              f"(medians of {reps}); CPU seconds per run ours {med(ours_c):.2f}, HF {med(hf_c):.2f} -> "
+              f"{med(hf_c) / med(ours_c):.2f}x; ours {st.decode_loop_calls} decode-loop calls + "
+              f"{st.steps} model steps for {st.tokens_generated} tokens")
+    return ratios
+
+
+def greedy_check(graphdef, params, hf, cfg: ModelConfig, decode_steps: int | None) -> tuple[int, int]:
+    """Greedy tokens of both on 4 prompts x 24 tokens: same weights -> same tokens (up to fp ties)."""
+    prompts = prompts_for(4, cfg.vocab_size, seed=7)
+    engine = PagedEngine(graphdef, params, cfg, engine_cfg(4, decode_steps), device=jax.devices("cpu")[0])
+    ours, _ = run_ours(engine, prompts, 24, sampler=Greedy())
+    theirs, _ = run_hf(hf, prompts, 24, do_sample=False)
+    return sum(a == b for a, b in zip(ours, theirs)), len(prompts)
+
+
+def gpu_roofline(args, tmp: Path) -> None:
+    """Qwen3-0.6B shape, bf16 weights and KV, B=64: decode tok/s and fraction of the bandwidth roofline."""
+    import torch
+
+    cfg, b = qwen3_06b_cfg(), 64
+    dev = jax.devices()[0]
+    peak = args.peak_gbps or next((v for k, v in PEAK_GBPS.items() if k in dev.device_kind), None)
+    use_torch = torch.cuda.is_available()
+    graphdef, params, hf = load_both(cfg, tmp / "q06b", "cuda" if use_torch else None)
+    ecfg = engine_cfg(b, args.decode_steps, kv_dtype="bfloat16", attention_impl=args.gpu_attention)
+    engine = PagedEngine(graphdef, params, cfg, ecfg)
+    engine.warmup()
+    prompts = prompts_for(b, cfg.vocab_size, seed=1)
+    run_ours(engine, prompts, 8)
+    short, long_ = 8, NEW
+    t_short = statistics.median(run_ours(engine, prompts, short, seed=r)[1] for r in range(args.gpu_reps))
+    secs = statistics.median(run_ours(engine, prompts, long_, seed=r)[1] for r in range(args.gpu_reps))
+    tps = b * NEW / secs
+    step_s = (secs - t_short) / (long_ - short)  # one decode step of all rows, prefill and start-up excluded
+    # Bytes one decode step reads: every weight once (a tied embedding is read whole by the LM head)
+    # plus each row's K/V up to its position (mean over the decode steps measured).
+    w_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
+    kv_per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, bf16
+    step_bytes = w_bytes + b * (PROMPT + (short + long_) / 2) * kv_per_pos
+    gbps = step_bytes / step_s / 1e9
+    line = (f"GPU {dev.device_kind} ({args.gpu_attention} attention, bf16 weights + KV): ours {tps:.0f} tok/s at "
+            f"B={b} (whole generation), decode step {step_s * 1e3:.2f} ms, {step_bytes / 1e9:.2f} GB read per step "
+            f"-> {gbps:.0f} GB/s")
+    if peak:
+        line += f" = {gbps / peak:.0%} of the {peak:.0f} GB/s roofline (target >= 60%)"
+    print(line)
+    if use_torch:
+        hf_s = statistics.median(run_hf(hf, prompts, NEW, seed=r)[1] for r in range(args.gpu_reps))
+        print(f"GPU HF generate (torch CUDA, bf16): {b * NEW / hf_s:.0f} tok/s -> ours {hf_s / secs:.2f}x")
+    else:
+        print("GPU HF generate: torch has no CUDA here; not measured")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2 reps instead of 5")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--decode-steps", type=int, default=None, help="EngineConfig.decode_steps (None: default)")
+    ap.add_argument("--gpu-attention", default="pallas_gpu", help="attention_impl for the GPU roofline run")
+    ap.add_argument("--gpu-reps", type=int, default=3)
+    ap.add_argument("--peak-gbps", type=float, default=None)
+    args = ap.parse_args()
+    reps = 2 if args.quick else args.reps
+
+    import torch
+    torch.set_num_threads(2)
+    print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (timings are wall clock)")
+    cfg = cpu_policy_cfg()
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        graphdef, params, hf = load_both(cfg, tmp / "tiny")
+        hf_cpu = hf.to("cpu")
+        same, n = greedy_check(graphdef, params, hf_cpu, cfg, args.decode_steps)
+        print(f"greedy tokens identical to HF generate for {same}/{n} prompts (24 tokens each)")
+        with jax.default_device(jax.devices("cpu")[0]):
+            ratios = compare(graphdef, params, hf_cpu, cfg, [16, 64], reps, args.decode_steps)
+        if jax.devices()[0].platform == "gpu":
+            gpu_roofline(args, tmp)
+        else:
+            print("GPU roofline: no GPU visible to jax here; not measured")
+    print(f"bench_generate: ratio_b16 = {ratios[16]:.2f} (target >= 1.2), ratio_b64 = {ratios[64]:.2f} (target >= 1.5)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Where a PagedEngine step's time goes: host scheduling, batch building, host->device transfers, the
+jitted step, stop handling; and, inside the jitted step, the paged-attention gather.
+
+Workload: bench_generate's (B random 32-token prompts, 128 new tokens, temperature 1, the same random
+Qwen3: 4 layers, hidden 256, vocab 1024), one warmed-up engine. Phases are timed by wrapping the
+engine's own functions (``Scheduler.admit/grow/lanes``, the batch builder, the jitted call, the stop
+handler); the jitted call is split into an explicit ``device_put`` of its inputs (transfer) and the
+call itself with ``block_until_ready`` (device compute). "other" is the rest of ``step()`` (Python).
+
+Then device-only timings of one decode step's pieces at B rows (mean context 96 tokens): the whole
+jitted step, the L layers' paged attention alone (gather + online softmax), and the sampler alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from experiments.bench_generate import NEW, PROMPT, cpu_policy_cfg, engine_cfg, prompts_for, run_ours
+from flax import nnx
+from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.sampling import PagedEngine, kv_cache, sample_rows
+from rstar2_jax.sampling import engine as engine_mod
+from rstar2_jax.sampling.scheduler import Scheduler
+
+try:
+    from rstar2_jax.sampling import decode_loop as loop_mod
+except ImportError:  # an engine without the device decode loop
+    loop_mod = None
+
+T = collections.defaultdict(float)
+N = collections.Counter()
+
+
+def timed(name, fn):
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*a, **kw)
+        finally:
+            T[name] += time.perf_counter() - t0
+            N[name] += 1
+    return wrapper
+
+
+def jitted(name, fn):
+    """Split a jitted call into input transfer (device_put, blocking) and the call (blocking)."""
+    @functools.wraps(fn)
+    def wrapper(*a, **kw):
+        t0 = time.perf_counter()
+        put = lambda x: jax.device_put(x) if isinstance(x, np.ndarray) else x
+        a, kw = jax.tree.map(put, (a, kw), is_leaf=lambda x: not isinstance(x, (tuple, list, dict)))
+        a, kw = jax.block_until_ready((a, kw))
+        t1 = time.perf_counter()
+        out = jax.block_until_ready(fn(*a, **kw))
+        T["h2d transfer"] += t1 - t0
+        T[name] += time.perf_counter() - t1
+        N[name] += 1
+        return out
+    return wrapper
+
+
+def instrument() -> None:
+    for name in ("admit", "grow", "lanes", "reserve", "trim"):
+        if hasattr(Scheduler, name):
+            setattr(Scheduler, name, timed("host scheduling", getattr(Scheduler, name)))
+    engine_mod.build_step_batch = timed("host batch build", engine_mod.build_step_batch)
+    engine_mod.paged_step = jitted("jitted paged_step", engine_mod.paged_step)
+    if loop_mod is not None:
+        for name in ("sync", "batch"):
+            setattr(loop_mod.SlotArrays, name, timed("host batch build", getattr(loop_mod.SlotArrays, name)))
+        loop_mod.decode_loop = jitted("jitted decode_loop", loop_mod.decode_loop)
+    PagedEngine._on_sample = timed("host stops/booking", PagedEngine._on_sample)
+    PagedEngine.step = timed("step() total", PagedEngine.step)
+
+
+def device_pieces(graphdef, params, cfg, b: int, reps: int) -> dict[str, float]:
+    """Device ms of one B-row decode step's pieces (inputs already on the device)."""
+    from rstar2_jax.sampling.step import StepBatch, StepSpec, paged_step
+    z, m = 16, -(-(PROMPT + NEW) // 16)
+    pages = b * m + 1
+    cache = kv_cache.init_cache(cfg, pages, z)
+    rng = np.random.default_rng(0)
+    ctx = rng.integers(PROMPT, PROMPT + NEW, size=b).astype(np.int32)  # mean ~96
+    bt = (1 + np.arange(b * m, dtype=np.int32).reshape(b, m))
+    pos = ctx - 1
+    spec = StepSpec(b, 0, PROMPT, z, "reference")
+    batch = StepBatch(tokens_t=rng.integers(0, cfg.vocab_size, b).astype(np.int32), pos_t=pos,
+                      row_t=np.arange(b, dtype=np.int32), valid_t=np.ones(b, bool), block_tables=bt,
+                      sample_t=np.arange(b, dtype=np.int32), sample_pos=ctx, key_data=np.zeros((b, 2), np.uint32),
+                      temperature=np.ones(b, np.float32), top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32),
+                      greedy=np.zeros(b, bool))
+    batch = jax.device_put(batch)
+
+    def clock(fn, *a):
+        out = jax.block_until_ready(fn(*a))
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            out = jax.block_until_ready(fn(*a))
+        return (time.perf_counter() - t0) / reps * 1e3, out
+
+    def step(cache):
+        return paged_step(graphdef, params, cache, batch, spec)
+
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        cache, tok, lp = paged_step(graphdef, params, cache, batch, spec)
+        jax.block_until_ready(tok)
+    step_ms = (time.perf_counter() - t0) / reps * 1e3
+    q = jnp.asarray(rng.normal(size=(b, 1, cfg.num_heads, cfg.head_dim)), jnp.float32)
+    attn = jax.jit(lambda q, cache, bt, pos: [kv_cache.paged_attention(q, kv, bt, pos[:, None]) for kv in cache])
+    attn_ms, _ = clock(attn, q, cache, jnp.asarray(bt), jnp.asarray(pos))
+    logits = jnp.asarray(rng.normal(size=(b, cfg.vocab_size)), jnp.float32)
+    keys = jax.vmap(lambda i: jax.random.key_data(jax.random.key(i)))(jnp.arange(b))
+    samp_ms, _ = clock(lambda lg: sample_rows(lg, keys, jnp.ones(b), jnp.zeros(b, jnp.int32), jnp.ones(b),
+                                               jnp.zeros(b, bool)), logits)
+    return {"jitted decode step": step_ms, f"paged attention ({cfg.num_layers} layers)": attn_ms,
+            "sampler": samp_ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--decode-steps", type=int, default=None)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args()
+    cfg = cpu_policy_cfg()
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    b = args.batch
+    engine = PagedEngine(graphdef, params, cfg, engine_cfg(b, args.decode_steps))
+    engine.warmup()
+    prompts = prompts_for(b, cfg.vocab_size, seed=b)
+    run_ours(engine, prompts, 8)
+    instrument()
+    T.clear()
+    N.clear()
+    _, secs = run_ours(engine, prompts, NEW)
+    total = T.pop("step() total")
+    steps = N["step() total"]
+    print(f"B={b}: {b * NEW} tokens in {secs:.2f} s ({b * NEW / secs:.0f} tok/s, instrumented: blocking "
+          f"transfers), {steps} step() calls, {total / steps * 1e3:.2f} ms per call")
+    for name, t in sorted(T.items(), key=lambda kv: -kv[1]):
+        print(f"  {name:24s} {t * 1e3:8.1f} ms  {t / total:6.1%}  ({t / steps * 1e3:.3f} ms per step() call)")
+    other = total - sum(T.values())
+    print(f"  {'other Python in step()':24s} {other * 1e3:8.1f} ms  {other / total:6.1%}")
+    print(f"device-only pieces of one {b}-row decode step (ms, mean of {args.reps}):")
+    for name, ms in device_pieces(graphdef, params, cfg, b, args.reps).items():
+        print(f"  {name:28s} {ms:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
