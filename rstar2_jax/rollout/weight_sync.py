@@ -124,6 +124,11 @@ class WeightSync:
                            is_leaf=_is_var)
         return out, moved
 
+    def place(self, params: nnx.State) -> list[nnx.State]:
+        """Each layout's copy of ``params`` (e.g. to build the engines from trainer params)."""
+        staged = self.stage(params)
+        return [self.assemble(staged, lay)[0] for lay in self.layouts]
+
     def __call__(self, params: nnx.State, engines: Sequence[Any]) -> SyncStats:
         """Stage once, then give every engine (``layout`` attribute; ``set_params``) its copy."""
         t0 = time.perf_counter()
