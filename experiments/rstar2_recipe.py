@@ -175,7 +175,8 @@ def main(argv: list[str] | None = None) -> dict:
             cur.update(stage="rl_stage1", stage_step=0)
             save(state)
 
-        max_prompt = max(len(tok.encode(p.problem)) for p in problems) + 512
+        # the longest rendered prompt (system prompt and template included) + slack
+        max_prompt = max(len(tok.encode(render_prompt(p.problem, tpl))) for p in problems) + 64
         ecfg = EngineConfig(num_slots=cfg.slots, page_size=16, max_seq_len=max_prompt + cfg.stage2_budget,
                             kv_memory_bytes=int(cfg.kv_memory_gb * 2**30), prefill_chunk=128)
         placement = plan_placement(cfg.placement(), mcfg)
