@@ -47,7 +47,7 @@ def _no_host_reads(monkeypatch):
     monkeypatch.setattr(jax._src.array.ArrayImpl, "_value", property(boom))
 
 
-@pytest.mark.parametrize("weight_dtype", [None, "bfloat16"])
+@pytest.mark.parametrize("weight_dtype", [None, pytest.param("bfloat16", marks=pytest.mark.slow)])
 def test_engines_hold_the_trainers_params_after_a_step(trained, monkeypatch, weight_dtype):
     mcfg, graphdef, params = trained
     layouts = plan_placement(PlacementConfig(devices_per_engine=2, weight_dtype=weight_dtype), mcfg).layouts

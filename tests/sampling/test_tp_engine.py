@@ -54,7 +54,7 @@ def reference(policy):
     return _workload(PagedEngine(graphdef, params, mcfg, CFG, device=jax.devices()[0]))
 
 
-@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=pytest.mark.slow)])
 def test_tp_engine_equals_single_device(policy, reference, tp):
     mcfg, graphdef, params = policy
     layout = EngineLayout(jax.devices()[8 - tp:], mcfg)
