@@ -3,7 +3,9 @@
 Full scale: ``python experiments/rstar2_recipe.py --config experiments/configs/rstar2_14b.json``
 (local Qwen3-14B-Base directory, chat SFT data and RL problems given by path in the config).
 ``--dry-run`` runs every stage and every transition with a tiny random policy on CPU (thresholds
-shrunk: see ``RecipeConfig.dry_run``). A random policy never earns a reward, so RoC would drop every
+shrunk: see ``RecipeConfig.dry_run``; the trainer on one device, the engines over every local device,
+tensor-parallel 2 on an even device count: 4 x 2 with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``). Engines: ``--engines`` per process x ``--devices-per-engine`` (the TP
+degree), laid over the local devices; the run prints the placement table and a ``placement:`` line. A random policy never earns a reward, so RoC would drop every
 group and no update would run: in the dry-run the RL rollouts come from a ``ScriptedPolicy`` over the
 real paged engines (even samples answer right, odd ones wrong, after a real tool call), so every RL
 stage updates for real. The same learner, rollout service, engines, dispatcher, sandbox and verifier
@@ -23,6 +25,7 @@ import jax
 from flax import nnx
 from tqdm.auto import tqdm
 
+from rstar2_jax import distributed
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.data.chat import load_chat_jsonl, render_records
 from rstar2_jax.data.datasets import load_dataset, write_jsonl
@@ -38,8 +41,10 @@ from rstar2_jax.loop import rl_step
 from rstar2_jax.rollout.dispatcher import RolloutConfig
 from rstar2_jax.rollout.scripted import ScriptedPolicy
 from rstar2_jax.rollout.service import Rollout
+from rstar2_jax.rollout.weight_sync import WeightSync
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature
+from rstar2_jax.sampling.placement import plan_placement
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 from rstar2_jax.sft import SFTConfig, train_sft
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
@@ -55,6 +60,10 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--engines", type=int, default=None, help="engines per process (default: the config's; "
+                    "null there = local devices // devices-per-engine)")
+    ap.add_argument("--devices-per-engine", type=int, default=None, help="tensor-parallel degree of each engine")
+    ap.add_argument("--engine-weight-dtype", default=None, help="e.g. bfloat16: the engines' copy of the weights")
     args = ap.parse_args(argv)
     if not args.dry_run and not args.config:
         ap.error("give --config PATH (full scale) or --dry-run")
@@ -109,7 +118,15 @@ def rl_config(cfg: RecipeConfig) -> RLConfig:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    cfg = RecipeConfig.dry_run() if args.dry_run else RecipeConfig.from_json(args.config)
+    setup = distributed.initialize()  # a no-op for one process
+    overrides = {k: v for k, v in (("engines", args.engines), ("devices_per_engine", args.devices_per_engine),
+                                   ("engine_weight_dtype", args.engine_weight_dtype)) if v is not None}
+    if args.dry_run and args.devices_per_engine is None and jax.local_device_count() % 2 == 0:
+        overrides["devices_per_engine"] = 2  # the dry-run's engines are tensor-parallel where they can be
+    cfg = RecipeConfig.dry_run(**overrides) if args.dry_run else RecipeConfig.from_json(args.config, **overrides)
+    if setup.multi:
+        raise SystemExit("rstar2_recipe.py runs in one process (its checkpoints and evaluation are single-process); "
+                         "multi-process rollouts and updates: see docs/multihost.md")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe_config.json").write_text(json.dumps(cfg.to_json(), indent=2, default=str))
@@ -158,13 +175,16 @@ def main(argv: list[str] | None = None) -> dict:
             cur.update(stage="rl_stage1", stage_step=0)
             save(state)
 
-        max_prompt = max(len(tok.encode(p.problem)) for p in problems) + 512
+        # the longest rendered prompt (system prompt and template included) + slack
+        max_prompt = max(len(tok.encode(render_prompt(p.problem, tpl))) for p in problems) + 64
         ecfg = EngineConfig(num_slots=cfg.slots, page_size=16, max_seq_len=max_prompt + cfg.stage2_budget,
                             kv_memory_bytes=int(cfg.kv_memory_gb * 2**30), prefill_chunk=128)
-        devices = jax.devices()
-        engines = [PagedEngine(graphdef, state.params, mcfg, ecfg, decode_fn=tok.decode,
-                               device=None if mesh is not None else devices[i % len(devices)])
-                   for i in range(cfg.engines)]
+        placement = plan_placement(cfg.placement(), mcfg)
+        print(placement.table())
+        print(placement.line())
+        placed = WeightSync(placement.layouts).place(state.params)  # on device, from the trainer's layout
+        engines = [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
+                   for p, lay in zip(placed, placement.layouts)]
         if args.dry_run:  # see the module docstring: a random policy earns no reward
             script = dry_run_script(problems, tok, tpl)
             engines = [ScriptedPolicy(e, script) for e in engines]

@@ -11,11 +11,16 @@ from __future__ import annotations
 import os
 import sys
 
-if "jax" not in sys.modules:  # one fake CPU device per engine, so engines run concurrently
-    _n = next((a.split("=")[1] for a in sys.argv if a.startswith("--engines=")), None)
-    if _n is None and "--engines" in sys.argv:
-        _n = sys.argv[sys.argv.index("--engines") + 1]
-    os.environ.setdefault("XLA_FLAGS", f"--xla_force_host_platform_device_count={max(1, int(_n or 2))}")
+def _flag(name: str, default: int) -> int:
+    v = next((a.split("=")[1] for a in sys.argv if a.startswith(f"--{name}=")), None)
+    if v is None and f"--{name}" in sys.argv:
+        v = sys.argv[sys.argv.index(f"--{name}") + 1]
+    return max(1, int(v or default))
+
+
+if "jax" not in sys.modules:  # fake CPU devices: devices_per_engine per engine, so engines run concurrently
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count="
+                          f"{_flag('engines', 2) * _flag('devices-per-engine', 1)}")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
@@ -24,7 +29,6 @@ import math  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
@@ -50,6 +54,8 @@ from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # n
 from rstar2_jax.learner import Learner, LearnerConfig  # noqa: E402
 from rstar2_jax.loop import rl_step  # noqa: E402
 from rstar2_jax.rollout.service import Rollout  # noqa: E402
+from rstar2_jax.rollout.weight_sync import WeightSync  # noqa: E402
+from rstar2_jax.sampling.placement import PlacementConfig, plan_placement  # noqa: E402
 from rstar2_jax.utils.compiles import CompileCounter  # noqa: E402
 from rstar2_jax.utils.metrics import MetricsLogger, plot_metrics  # noqa: E402
 
@@ -82,7 +88,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget", type=int, default=192, help="response tokens per trajectory, tools included")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--n-eval", type=int, default=200, help="held-out problems")
-    ap.add_argument("--engines", type=int, default=2)
+    ap.add_argument("--engines", type=int, default=2, help="engines (per process)")
+    ap.add_argument("--devices-per-engine", type=int, default=1,
+                    help="tensor-parallel degree of each engine (engines x this <= local devices)")
     ap.add_argument("--slots", type=int, default=32, help="decode slots per engine")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
@@ -106,7 +114,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.roc_mode not in ROC_MODES:
         errors.append(f"--roc-mode must be one of {ROC_MODES}, got {args.roc_mode!r}")
     for name in ("sft_traces", "problems_per_step", "group", "budget", "eval_every", "n_eval", "engines", "slots",
-                 "hidden", "layers", "sandbox_workers", "ckpt_every", "ckpt_every_sft", "sft_batch", "sft_seq_len"):
+                 "hidden", "layers", "sandbox_workers", "devices_per_engine", "ckpt_every", "ckpt_every_sft", "sft_batch", "sft_seq_len"):
         if getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("rl_steps", "copy_drills"):
@@ -134,13 +142,17 @@ def build_model(args: argparse.Namespace, vocab: int) -> ModelConfig:
 
 
 def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, tok) -> list[PagedEngine]:
-    devices = jax.devices()
+    """``--engines`` engines of ``--devices-per-engine`` local devices each (``sampling.placement``)."""
+    placement = plan_placement(PlacementConfig(devices_per_engine=args.devices_per_engine,
+                                               engines_per_process=args.engines), mcfg)
+    print(placement.table(), placement.line(), sep="\n")
     page_size = 16
     pages = args.slots * math.ceil(max_seq_len / page_size) // 2 + 8  # ~half the worst case: paging pays
     ecfg = EngineConfig(num_slots=args.slots, page_size=page_size, max_seq_len=max_seq_len, num_pages=pages,
                         prefill_chunk=128)
-    return [PagedEngine(graphdef, params, mcfg, ecfg, decode_fn=tok.decode, device=devices[i % len(devices)])
-            for i in range(args.engines)]
+    placed = WeightSync(placement.layouts).place(params)
+    return [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
+            for p, lay in zip(placed, placement.layouts)]
 
 
 def make_tokenizer(args: argparse.Namespace, records: list[dict], tpl: TemplateConfig, out: Path):

@@ -197,3 +197,23 @@ def sync(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(name)
+
+
+def allgather_rows(x: np.ndarray) -> list[np.ndarray]:
+    """Every process's ``x`` (``[n_i, ...]``, ``n_i`` may differ; same trailing shape and dtype), in
+    process order; bit-exact (float64 travels as raw uint32 words, so no x64 mode is needed). A
+    collective: call it in every process, in the same order. One process: ``[x]``, no JAX call."""
+    x = np.ascontiguousarray(x)
+    if jax.process_count() == 1:
+        return [x]
+    from jax.experimental import multihost_utils
+
+    words = x.reshape(len(x), int(np.prod(x.shape[1:], dtype=np.int64))).view(np.uint8)
+    words = np.pad(words, ((0, 0), (0, -words.shape[1] % 4))).view(np.uint32)  # [n, w]
+    counts = np.asarray(multihost_utils.process_allgather(np.asarray([len(x)], np.int32))).reshape(-1)
+    padded = np.zeros((int(counts.max()), words.shape[1]), np.uint32)
+    padded[:len(x)] = words
+    got = np.asarray(multihost_utils.process_allgather(padded))  # [P, max_n, w]
+    nbytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
+    return [got[p, :c].view(np.uint8)[:, :nbytes].copy().view(x.dtype).reshape(c, *x.shape[1:])
+            for p, c in enumerate(counts)]

@@ -13,12 +13,14 @@ compiles it again. ``rl/`` and ``rollout/`` do not know each other: this module 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Sequence
 
+import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from rstar2_jax.distributed import allgather_rows, process_local_batch, process_rows
 from rstar2_jax.rl import RLConfig, group_advantages, p_total, roc_downsample
 from rstar2_jax.rl.penalties import RocRecord
 from rstar2_jax.rl.train_step import TrainState, make_train_step, shard_batch
@@ -48,49 +50,95 @@ def roc_record(t: Trajectory) -> RocRecord:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Selection:
-    """RoC's choice: indices into the batch's trajectories and their advantages."""
+    """RoC's choice over the step's global batch (every process's trajectories, in process order):
+    indices into it and their advantages; ``offsets[p]`` is process p's first global index."""
 
     kept: np.ndarray  # i64[K]
     advantages: np.ndarray  # f32[K]
+    offsets: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.int64))  # i64[P + 1]
+
+
+SELECT_FIELDS = ("ok", "reward", "group", "p_total", "length")  # per trajectory, gathered across processes
+
+
+def select_records(trajs: Sequence[Trajectory], roc: Any) -> np.ndarray:
+    """f64[N, 5]: what RoC and the batch shape need of each trajectory (``SELECT_FIELDS``)."""
+    rec = np.zeros((len(trajs), len(SELECT_FIELDS)), np.float64)
+    ok = [i for i, t in enumerate(trajs) if t.done_reason != "error"]
+    for i, t in enumerate(trajs):
+        rec[i] = (t.done_reason != "error", t.reward, t.group_id, 0.0, len(t.prompt_tokens) + len(t.response_tokens))
+    if ok:
+        rec[ok, 3] = p_total([roc_record(trajs[i]) for i in ok], use_p_err=roc.use_p_err,
+                             use_p_format=roc.use_p_format, penalties=roc.penalties)
+    return rec
 
 
 class Learner:
-    """Owns the train state and one compiled update (see the module docstring)."""
+    """Owns the train state and one compiled update (see the module docstring).
+
+    Several processes: ``update`` takes this process's trajectories (its shard of the step's groups);
+    RoC runs on the gathered per-trajectory records (identical in every process, so the selection
+    equals a one-process run's), and each process fills its own rows of the global batch
+    (``distributed.process_rows``) with its kept trajectories.
+    """
 
     def __init__(self, graphdef: nnx.GraphDef, state: TrainState, cfg: LearnerConfig, *, pad_id: int,
                  mesh: Mesh | None = None):
         self.graphdef, self.state, self.cfg, self.pad_id, self.mesh = graphdef, state, cfg, pad_id, mesh
         self._step_fn = make_train_step(graphdef, cfg.rl, mesh=mesh)
+        self.num_processes, self.process_index = jax.process_count(), jax.process_index()
+        if self.num_processes > 1:
+            if mesh is None:
+                raise ValueError("Learner: a multi-process run needs the training mesh")
+            self._rows = process_rows(mesh, cfg.rows)
+            k = cfg.rows // self.num_processes
+            if cfg.rows % self.num_processes or self._rows != slice(self.process_index * k, (self.process_index + 1) * k):
+                raise ValueError(f"Learner: process {self.process_index} owns batch rows {self._rows} of {cfg.rows}; "
+                                 "multi-process updates need the batch axis split evenly over the processes in "
+                                 "process order (a mesh whose data*fsdp axes span the processes)")
+        else:
+            self._rows = slice(0, cfg.rows)
 
     @property
     def params(self) -> nnx.State:
         return self.state.params
 
-    def select(self, trajs: Sequence[Trajectory], seed: int) -> Selection:
-        """RoC downsampling (``roc_downsample``) of the non-errored trajectories, and advantages."""
+    def select(self, trajs: Sequence[Trajectory], seed: int) -> tuple[Selection, np.ndarray]:
+        """RoC downsampling (``roc_downsample``) of the non-errored trajectories of every process, and
+        advantages. Returns the selection and the gathered records (f64[N_global, 5])."""
         roc = self.cfg.rl.roc
-        ok = [i for i, t in enumerate(trajs) if t.done_reason != "error"]
-        if not ok:
-            return Selection(kept=np.zeros(0, np.int64), advantages=np.zeros(0, np.float32))
-        sub = [trajs[i] for i in ok]
-        rewards = np.asarray([t.reward for t in sub], np.float64)
-        groups = np.asarray([t.group_id for t in sub])
-        pt = p_total([roc_record(t) for t in sub], use_p_err=roc.use_p_err, use_p_format=roc.use_p_format,
-                     penalties=roc.penalties)
+        parts = allgather_rows(select_records(trajs, roc))
+        offsets = np.cumsum([0] + [len(x) for x in parts]).astype(np.int64)
+        rec = np.concatenate(parts)
+        ok = np.flatnonzero(rec[:, 0] > 0)
+        if not len(ok):
+            return Selection(kept=np.zeros(0, np.int64), advantages=np.zeros(0, np.float32), offsets=offsets), rec
+        rewards, groups, pt = rec[ok, 1], rec[ok, 2].astype(np.int64), rec[ok, 3]
         kept_sub = roc_downsample(rewards, groups, pt, roc.keep_per_group, seed, roc.mode,
                                   min_per_class=roc.min_per_class, eps=roc.eps)
         adv_cfg = self.cfg.rl.advantage
         adv = group_advantages(rewards[kept_sub], groups[kept_sub], scale_by_std=adv_cfg.scale_by_std,
                                eps=adv_cfg.eps, ddof=adv_cfg.ddof)
-        return Selection(kept=np.asarray(ok)[kept_sub], advantages=np.asarray(adv, np.float32))
+        return Selection(kept=ok[kept_sub], advantages=np.asarray(adv, np.float32), offsets=offsets), rec
 
-    def batch(self, trajs: Sequence[Trajectory], sel: Selection) -> dict[str, np.ndarray]:
-        """Host arrays of the kept rows, padded to ``cfg.rows`` zero-mask rows."""
-        rows = [trajs[i] for i in sel.kept][: self.cfg.rows]
-        longest = max(len(t.prompt_tokens) + len(t.response_tokens) for t in rows)
+    def _process_rows(self, sel: Selection, p: int) -> np.ndarray:
+        """Positions in ``sel.kept`` of the rows process ``p`` trains (its kept, cut to its row count)."""
+        lo, hi = sel.offsets[p], sel.offsets[p + 1]
+        mine = np.flatnonzero((sel.kept >= lo) & (sel.kept < hi))
+        return mine[: self._rows.stop - self._rows.start]
+
+    def batch(self, trajs: Sequence[Trajectory], sel: Selection, rec: np.ndarray) -> dict[str, np.ndarray]:
+        """Host arrays of this process's kept rows, padded with zero-mask rows to its row count; the
+        padded length is the same in every process (from the gathered lengths)."""
+        everyone = np.concatenate([self._process_rows(sel, p) for p in range(len(sel.offsets) - 1)])
+        longest = int(rec[sel.kept[everyone], 4].max())
         seq_len = min(self.cfg.seq_len, -(-longest // self.cfg.seq_bucket) * self.cfg.seq_bucket)
-        batch = trajectories_to_batch(rows, sel.advantages[: len(rows)], seq_len, self.pad_id)
-        pad = self.cfg.rows - len(rows)
+        mine = self._process_rows(sel, self.process_index)
+        lo = sel.offsets[self.process_index]
+        rows = [trajs[int(i - lo)] for i in sel.kept[mine]]
+        n_rows = self._rows.stop - self._rows.start
+        batch = trajectories_to_batch(rows, sel.advantages[mine], seq_len, self.pad_id)  # rows may be []
+        pad = n_rows - len(rows)
         if pad:
             batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype) + (
                 self.pad_id if k in ("tokens", "targets") else 0)]) for k, v in batch.items()}
@@ -99,11 +147,13 @@ class Learner:
         return batch
 
     def update(self, trajs: Sequence[Trajectory], seed: int) -> tuple[dict[str, float], Selection]:
-        """RoC -> advantages -> one train step (none when RoC keeps nothing). Returns the step's
-        metrics (``n_kept``, ``train/*``) and the selection."""
-        sel = self.select(trajs, seed)
-        m: dict[str, float] = {"n_sampled": len(trajs), "n_kept": int(len(sel.kept))}
+        """RoC -> advantages -> one train step (none when RoC keeps nothing, in any process). Returns
+        the step's metrics (``n_sampled``, ``n_kept`` over every process; ``train/*``) and the selection."""
+        sel, rec = self.select(trajs, seed)
+        m: dict[str, float] = {"n_sampled": len(rec), "n_kept": int(len(sel.kept))}
         if len(sel.kept):
-            self.state, metrics = self._step_fn(self.state, shard_batch(self.batch(trajs, sel), self.mesh))
+            host = self.batch(trajs, sel, rec)
+            batch = shard_batch(host, self.mesh) if self.num_processes == 1 else process_local_batch(host, self.mesh)
+            self.state, metrics = self._step_fn(self.state, batch)
             m.update({f"train/{k}": float(v) for k, v in metrics.items()})
         return m, sel

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from rstar2_jax.config import MeshConfig
+from rstar2_jax.sampling.placement import PlacementConfig
 
 STAGES = ("sft", "rl_stage1", "rl_stage2", "filter", "rl_stage3", "done")
 
@@ -59,8 +60,10 @@ class RecipeConfig:
     # stage 2 -> 3 filter
     filter_k: int = 8  # samples per problem; solved k/k -> dropped
     filter_pool: int | None = None  # problems checked (None: the whole RL set)
-    # engines
-    engines: int = 8
+    # engines (``sampling.placement``): per process, each tensor-parallel over devices_per_engine devices
+    engines: int | None = None  # per process; None: as many as fit (local devices // devices_per_engine)
+    devices_per_engine: int = 1  # the TP degree of each engine
+    engine_weight_dtype: str | None = None  # e.g. "bfloat16": the engines' weights while the trainer keeps fp32
     slots: int = 64
     kv_memory_gb: float = 40.0
     sandbox_workers: int = 64
@@ -69,7 +72,7 @@ class RecipeConfig:
 
     def __post_init__(self) -> None:
         for name in ("samples_per_problem", "group", "problems_per_step", "stage1_budget", "stage2_budget",
-                     "trunc_window", "filter_k", "engines", "slots", "sandbox_workers", "ckpt_every", "sft_batch",
+                     "trunc_window", "filter_k", "devices_per_engine", "slots", "sandbox_workers", "ckpt_every", "sft_batch",
                      "sft_seq_len"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
@@ -84,6 +87,9 @@ class RecipeConfig:
                 raise ValueError(f"RecipeConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.trunc_target <= 1 or self.trunc_tol < 0:
             raise ValueError("RecipeConfig.trunc_target must be in [0, 1] and trunc_tol >= 0")
+        if self.engines is not None and (not isinstance(self.engines, int) or self.engines < 1):
+            raise ValueError(f"RecipeConfig.engines must be a positive int or null, got {self.engines!r}")
+        self.placement()  # validates the engine fields
         if self.template not in ("full", "toy"):
             raise ValueError(f"RecipeConfig.template must be 'full' or 'toy', got {self.template!r}")
 
@@ -104,6 +110,11 @@ class RecipeConfig:
         raw.update(overrides)
         return cls(**raw)
 
+    def placement(self) -> PlacementConfig:
+        """Where the engines go (laid over each process's devices by ``plan_placement``)."""
+        return PlacementConfig(devices_per_engine=self.devices_per_engine, engines_per_process=self.engines,
+                               weight_dtype=self.engine_weight_dtype)
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         return d
@@ -115,7 +126,7 @@ class RecipeConfig:
                     sft_epochs=1.0, sft_lr=1e-3, samples_per_problem=4, group=2, problems_per_step=2, rl_lr=1e-4,
                     warmup_steps=0, stage1_budget=320, stage2_budget=384, stage1_max_steps=4, stage2_max_steps=1,
                     stage3_steps=1, trunc_target=1.0, trunc_tol=0.5, trunc_window=1, filter_k=2, filter_pool=4,
-                    engines=1, slots=8, kv_memory_gb=0.01, sandbox_workers=1, ckpt_every=1, template="toy")
+                    engines=None, devices_per_engine=1, slots=8, kv_memory_gb=0.01, sandbox_workers=1, ckpt_every=1, template="toy")
         base.update(overrides)
         return cls(**base)
 

@@ -102,13 +102,15 @@ class Dispatcher:
 
     # -- main entry ------------------------------------------------------------------------------
     def run(self, problems: Sequence[Any], *, seed: int = 0, budget: int | None = None,
-            show_progress: bool = False) -> RolloutResult:
+            show_progress: bool = False, first_group: int = 0) -> RolloutResult:
         """Roll out ``n_samples`` trajectories per problem (objects with ``id``, ``problem``, ``answer``);
-        ``budget`` overrides ``cfg.budget`` for this batch (e.g. a recipe stage)."""
+        ``budget`` overrides ``cfg.budget`` for this batch (e.g. a recipe stage). ``first_group``: the
+        global index of ``problems[0]`` when this is one process's shard of a batch (group ids and
+        sampling keys are the global ones, so the shard rolls out as in a one-process run)."""
         from tqdm.auto import tqdm
 
         self._budget = budget = self.cfg.budget if budget is None else budget
-        trajs = self._build(problems, seed, budget)
+        trajs = self._build(problems, seed, budget, first_group)
         self.ledger.new_batch(budget, self._progress)
         if self.cfg.policy == "static":
             for g, e in zip(self._pending, self.ledger.static_split(len(self._pending))):
@@ -140,7 +142,7 @@ class Dispatcher:
                                            for e, s in zip(self.engines, start))  # forks that found no room
         return RolloutResult(trajs, metrics, [w.timeline for w in self.workers])
 
-    def _build(self, problems: Sequence[Any], seed: int, budget: int) -> list[Trajectory]:
+    def _build(self, problems: Sequence[Any], seed: int, budget: int, first_group: int = 0) -> list[Trajectory]:
         """The batch's trajectories; problems that cannot run finish as errors right away."""
         trajs: list[Trajectory] = []
         self._pending: deque[_Group] = deque()
@@ -153,7 +155,7 @@ class Dispatcher:
         self._tool_latency: list[float] = []
         self._n_done = 0
         max_len = min(e.max_seq_len for e in self.engines)
-        for gi, p in enumerate(problems):
+        for gi, p in enumerate(problems, start=first_group):
             text = str(getattr(p, "problem", "") or "")
             prompt = self.tok.encode(render_prompt(text, self.cfg.template))
             group = _Group([], prompt, key=seed * 1_000_003 + gi)

@@ -47,6 +47,11 @@ class ScriptedPolicy:
     def params(self) -> Any:
         return self.engine.params
 
+    @property
+    def layout(self) -> Any:
+        """The wrapped engine's ``placement.EngineLayout`` (None: not tensor-parallel placed)."""
+        return getattr(self.engine, "layout", None)
+
     def _turn(self, prompt: tuple[int, ...], child: int, turn: int) -> list[int]:
         ids = [int(t) for t in self.script(prompt, child, turn)]
         if not ids:

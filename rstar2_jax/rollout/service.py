@@ -2,44 +2,58 @@
 
 ``Rollout.generate(problems, seed=..., budget=...)`` rolls out a batch (unscored trajectories;
 ``rollout.score`` rewards them); ``Rollout.sync(params)`` puts new policy weights on every engine
-between batches. The dispatcher (and so its length model and adaptive reservation ratio) lives as
+between batches: engines with a ``placement.EngineLayout`` get them by on-device resharding
+(``rollout.weight_sync``), others through their own ``set_params``.
+
+Several processes: each process's service holds only its local engines and sandbox pool, and
+``generate`` rolls out this process's contiguous shard of the batch's problems (whole groups, with
+their global group ids and sampling keys); the trajectories it returns are this process's only. The dispatcher (and so its length model and adaptive reservation ratio) lives as
 long as the service, so admission learns across steps. Built once per run: nothing here compiles
 per step (the engines own their compiled steps).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any, Sequence
 
 import jax
 
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig, RolloutResult
+from rstar2_jax.rollout.weight_sync import SyncStats, WeightSync
 from rstar2_jax.sampling.interface import Engine
 from rstar2_jax.tokenizer import Tokenizer
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class SyncStats:
-    seconds: float  # wall time until every engine holds the new weights
-    bytes: int  # parameter bytes sent to each engine (one copy)
-    engines: int
 
 
 class Rollout:
     """Owns ``engines`` (``Engine`` protocol), their dispatcher and the sandbox ``pool``."""
 
     def __init__(self, engines: Sequence[Engine], pool: Any, tokenizer: Tokenizer, cfg: RolloutConfig, *,
-                 lengths: Sequence[int] = ()):
+                 lengths: Sequence[int] = (), process_index: int | None = None, num_processes: int | None = None):
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
         self.dispatcher = Dispatcher(self.engines, pool, tokenizer, cfg, lengths=lengths)
+        self.process_index = jax.process_index() if process_index is None else process_index
+        self.num_processes = jax.process_count() if num_processes is None else num_processes
+        layouts = [getattr(e, "layout", None) for e in self.engines]
+        self.weight_sync = WeightSync(layouts) if all(lay is not None for lay in layouts) else None
+
+    def shard(self, n_problems: int) -> slice:
+        """The problems ``[lo, hi)`` of an ``n_problems`` batch this process rolls out (all of them
+        with one process). Raises when the batch does not split evenly over the processes."""
+        p = self.num_processes
+        if n_problems % p:
+            raise ValueError(f"Rollout: {n_problems} problems per step do not split over {p} processes "
+                             f"(make problems_per_step a multiple of the process count)")
+        k = n_problems // p
+        return slice(self.process_index * k, (self.process_index + 1) * k)
 
     def generate(self, problems: Sequence[Any], *, seed: int, budget: int | None = None,
                  show_progress: bool = False) -> RolloutResult:
-        """``cfg.n_samples`` trajectories per problem, ``budget`` response tokens each (default
-        ``cfg.budget``), unscored."""
-        return self.dispatcher.run(problems, seed=seed, budget=budget, show_progress=show_progress)
+        """``cfg.n_samples`` trajectories per problem of this process's shard, ``budget`` response
+        tokens each (default ``cfg.budget``), unscored."""
+        sl = self.shard(len(problems))
+        return self.dispatcher.run(list(problems)[sl], seed=seed, budget=budget, show_progress=show_progress,
+                                   first_group=sl.start)
 
     def state(self) -> dict:
         """The dispatcher's learnt admission state (JSON-able), for checkpoints."""
@@ -51,7 +65,10 @@ class Rollout:
             self.dispatcher.ledger.load_state(state)
 
     def sync(self, params: Any) -> SyncStats:
-        """Every engine gets ``params`` (each places them on its own devices)."""
+        """Every engine gets ``params``: resharded on device to each engine's layout when every
+        engine has one (``WeightSync``), else each engine places them itself."""
+        if self.weight_sync is not None:
+            return self.weight_sync(params, self.engines)
         t0 = time.perf_counter()
         for e in self.engines:
             e.set_params(params)

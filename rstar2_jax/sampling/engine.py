@@ -63,6 +63,7 @@ from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import kv_cache
 from rstar2_jax.sampling.interface import STOP_REASONS, EngineStats, Request, StopEvent  # noqa: F401
 from rstar2_jax.sampling.page_table import PageTable
+from rstar2_jax.sampling.placement import EngineLayout
 from rstar2_jax.sampling.scheduler import Scheduler
 from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState
 from rstar2_jax.sampling.step import StepSpec, build_step_batch, paged_step
@@ -150,21 +151,26 @@ class PagedEngine:
       decode_fn: ``ids -> text`` for stop strings (e.g. ``tokenizer.decode``); without it requests
         with stop strings are rejected.
       device: None: the default device; else params and cache live (and run) there.
+      layout: a ``placement.EngineLayout`` (instead of ``device``): params and cache sharded
+        tensor-parallel over its devices; the same jitted step runs SPMD over them.
     """
 
     def __init__(self, graphdef: nnx.GraphDef, params: nnx.State, model_cfg: ModelConfig,
                  cfg: EngineConfig, *, decode_fn: Callable[[list[int]], str] | None = None,
-                 device: jax.Device | None = None):
-        self.device = device
-        if device is not None:
-            params = jax.device_put(params, device)
+                 device: jax.Device | None = None, layout: EngineLayout | None = None):
+        if device is not None and layout is not None:
+            raise ValueError("PagedEngine: give device or layout, not both")
+        self.device, self.layout = device, layout
+        params = self._place_params(params)
         self.graphdef, self.params, self.model_cfg, self.cfg = graphdef, params, model_cfg, cfg
         self.decode_fn = decode_fn
         self.num_pages = cfg.resolve_num_pages(model_cfg)
         self.page_table = PageTable(num_pages=self.num_pages, page_size=cfg.page_size,
                                     max_pages_per_seq=cfg.max_pages_per_seq)
         self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size, cfg.kv_dtype)
-        if device is not None:
+        if layout is not None:
+            self.cache = layout.put_cache(self.cache)
+        elif device is not None:
             self.cache = jax.device_put(self.cache, device)
         self.scheduler = Scheduler(self.page_table, cfg.num_slots)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
@@ -292,7 +298,12 @@ class PagedEngine:
         if self.scheduler.seqs:
             raise RuntimeError(f"set_params: engine is not idle ({len(self.scheduler.seqs)} live sequences; "
                                "release every sequence first)")
-        self.params = params if self.device is None else jax.device_put(params, self.device)
+        self.params = self._place_params(params)
+
+    def _place_params(self, params: nnx.State) -> nnx.State:
+        if self.layout is not None:
+            return self.layout.put_params(params)
+        return params if self.device is None else jax.device_put(params, self.device)
 
     @property
     def page_size(self) -> int:

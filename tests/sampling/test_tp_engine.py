@@ -1,0 +1,108 @@
+"""Tensor-parallel PagedEngine (``sampling.placement``): the same tokens and log-probs as one device.
+
+One tiny policy (4 query heads, 2 KV heads) and one workload per module: mixed prompt lengths, a
+forked group, a pool small enough to preempt, and a sequence paused and resumed with appended
+tokens, greedy and sampled rows together. tp=2 splits the KV heads; tp=4 replicates each KV head
+over 2 devices (``kv=2, rep=2``).
+"""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rstar2_jax.config import ModelConfig
+from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature
+from rstar2_jax.sampling.placement import (EngineLayout, PlacementConfig, leaf_devices, plan_placement,
+                                           tp_split)
+
+CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=64, num_pages=14, prefill_chunk=8)
+
+
+@pytest.fixture(scope="module")
+def policy():
+    mcfg = ModelConfig.tiny()
+    graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(0)))
+    return mcfg, graphdef, params
+
+
+def _prompt(n, seed):
+    return np.random.default_rng(seed).integers(0, 128, size=n).tolist()
+
+
+def _workload(engine):
+    """Runs the module's workload; returns (events by seq id in order, engine stats)."""
+    for n, m, greedy in [(1, 7, True), (3, 12, False), (9, 5, True), (17, 9, False), (6, 4, False)]:
+        engine.submit(Request(prompt=_prompt(n, n), key=n, max_new_tokens=m,
+                              sampler=Greedy() if greedy else Temperature(temperature=1.0)))
+    group = engine.submit_group(Request(prompt=_prompt(10, 100), key=1, max_new_tokens=8,
+                                        sampler=Temperature(temperature=1.0)), 3)
+    out, resumed = [], False
+    while engine.has_work():
+        for ev in engine.step():
+            out.append((ev.seq_id, ev.tokens, ev.logprobs, ev.reason))
+            if ev.seq_id == group[0] and not resumed:  # a tool response, while others still decode
+                engine.resume(ev.seq_id, _prompt(5, 7), max_new_tokens=6)
+                resumed = True
+    return out, engine.stats()
+
+
+@pytest.fixture(scope="module")
+def reference(policy):
+    mcfg, graphdef, params = policy
+    return _workload(PagedEngine(graphdef, params, mcfg, CFG, device=jax.devices()[0]))
+
+
+@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_tp_engine_equals_single_device(policy, reference, tp):
+    mcfg, graphdef, params = policy
+    layout = EngineLayout(jax.devices()[8 - tp:], mcfg)
+    assert (layout.kv, layout.rep) == {2: (2, 1), 4: (2, 2)}[tp]
+    engine = PagedEngine(graphdef, params, mcfg, CFG, layout=layout)
+    got, stats = _workload(engine)
+    want, want_stats = reference
+    assert want_stats.preemptions > 0 and stats.preemptions == want_stats.preemptions  # the pool did run out
+    assert stats.page_copies > 0  # the group forked (partial last page copied)
+    assert len(got) == len(want) == 5 + 3 + 1
+    for (sid, toks, lps, why), (sid2, toks2, lps2, why2) in zip(got, want):
+        assert (sid, toks, why) == (sid2, toks2, why2)
+        np.testing.assert_allclose(lps, lps2, rtol=1e-5, atol=1e-5)
+    # everything the engine holds is on its own tp devices, the weights and the pages really split
+    want_ids = {d.id for d in layout.devices}
+    assert leaf_devices(engine.params) == want_ids and leaf_devices(engine.cache) == want_ids
+    k_pages = engine.cache[0][0]
+    assert k_pages.sharding.shard_shape(k_pages.shape)[2] == mcfg.num_kv_heads // layout.kv
+    q = engine.params["layers"][0]["attn"]["q_proj"].get_value()
+    assert q.sharding.shard_shape(q.shape)[1] == mcfg.num_heads // tp
+
+
+def test_four_engines_of_two_devices_cover_all_eight_disjointly(policy):
+    mcfg, graphdef, params = policy
+    placement = plan_placement(PlacementConfig(devices_per_engine=2), mcfg)
+    assert placement.line() == "placement: processes = 1, engines = 4, devices_per_engine = 2, devices_used = 8/8"
+    cfg = EngineConfig(num_slots=2, page_size=4, max_seq_len=32, num_pages=8, prefill_chunk=8)
+    engines = [PagedEngine(graphdef, params, mcfg, cfg, layout=lay) for lay in placement.layouts]
+    sets = []
+    for e in engines:
+        p, c = leaf_devices(e.params), leaf_devices(e.cache)
+        assert p == c and len(p) == 2
+        sets.append(p)
+    assert sum(map(len, sets)) == 8 and set().union(*sets) == {d.id for d in jax.devices()}
+    assert "      0       3  6,7" in placement.table()
+
+
+def test_bad_placements_name_the_numbers():
+    mcfg = ModelConfig.tiny()  # 4 heads, 2 KV heads
+    with pytest.raises(ValueError, match="8 local devices are not divisible by devices_per_engine=3"):
+        plan_placement(PlacementConfig(devices_per_engine=3), mcfg)
+    with pytest.raises(ValueError, match=r"engines_per_process=5 x devices_per_engine=2 = 10 devices.*8 local"):
+        plan_placement(PlacementConfig(devices_per_engine=2, engines_per_process=5), mcfg)
+    with pytest.raises(ValueError, match=r"num_heads \(4\) is not divisible by devices_per_engine \(8\)"):
+        plan_placement(PlacementConfig(devices_per_engine=8), mcfg)
+    with pytest.raises(ValueError, match=r"num_kv_heads \(3\) and devices_per_engine \(2\)"):
+        tp_split(ModelConfig.tiny(num_heads=6, num_kv_heads=3), 2)
+    with pytest.raises(ValueError, match="devices_per_engine must be a positive int"):
+        PlacementConfig(devices_per_engine=0)
+    with pytest.raises(ValueError, match="weight_dtype"):
+        PlacementConfig(weight_dtype="int8")

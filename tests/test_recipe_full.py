@@ -1,0 +1,98 @@
+"""The recipe's full path (not ``--dry-run``): a local HF checkpoint directory written by
+``model.hf_io.export_hf``, an HF ``tokenizer.json`` with the Qwen chat specials (``tokenizers``), the
+full rStar2 template, a training mesh over the 8 fake devices and 4 engines x tensor-parallel 2.
+
+A random policy never earns a reward (RoC would drop every group), so the SFT data teaches one
+answer format with the right and a wrong value equally often for the RL problems: sampled at
+temperature 1 the policy then answers each right about half the time, groups are mixed, and the RL
+steps update for real.
+"""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from rstar2_jax.config import ModelConfig
+from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.hf_io import export_hf
+from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
+from rstar2_jax.tokenizer import CHAT_SPECIALS, HFTokenizer, train_byte_bpe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+
+PROBLEMS = [("p0", "What is 3 + 4?", "7"), ("p1", "What is 2 + 5?", "7"), ("p2", "What is 10 - 3?", "7"),
+            ("p3", "What is 1 + 6?", "7")]
+
+
+def _answer(value: str) -> str:
+    return f"<reason>Add.</reason><answer>\\boxed{{{value}}}</answer>"
+
+
+def _records() -> list[dict]:
+    """Per RL problem: the right and a wrong answer (4x each); plus tool-call traces."""
+    recs = []
+    for _, text, gold in PROBLEMS:
+        for value in (gold, "8") * 4:
+            recs.append({"messages": [{"role": "user", "content": text},
+                                      {"role": "assistant", "content": _answer(value)}]})
+    call = [{"type": "function", "function": {"name": TOOL_NAME, "arguments": {"code": "print(6 * 7)", "input": ""}}}]
+    recs += [{"messages": [{"role": "user", "content": "What is 6 * 7?"},
+                           {"role": "assistant", "content": "<reason>Use python.\n", "tool_calls": call},
+                           {"role": "tool", "content": "42"},
+                           {"role": "assistant", "content": "<reason>Done.</reason><answer>\\boxed{42}</answer>"}]}] * 2
+    return recs
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("full")
+    model = root / "model"
+    tpl = TemplateConfig()
+    texts = [render_prompt(text, tpl) + _answer("7") + _answer("8") for _, text, _ in PROBLEMS]
+    tok = train_byte_bpe(texts * 4, 1000, specials=CHAT_SPECIALS, eos="<|endoftext|>", pad="<|pad|>")
+    tok.save(model)
+    mcfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
+    graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(0)))
+    export_hf(model, graphdef, params, mcfg)
+    (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records()))
+    (root / "rl.jsonl").write_text("".join(json.dumps({"id": i, "problem": p, "answer": a}) + "\n"
+                                           for i, p, a in PROBLEMS))
+    cfg = {"model_path": str(model), "sft_data": str(root / "sft.jsonl"), "rl_data": str(root / "rl.jsonl"),
+           "mesh": {"data": 1, "fsdp": 8, "tensor": 1}, "dtype": "float32", "sft_seq_len": 256, "sft_batch": 8,
+           "sft_epochs": 30.0, "sft_lr": 1e-2, "samples_per_problem": 4, "group": 2, "problems_per_step": 4,
+           "rl_lr": 1e-4, "warmup_steps": 0, "stage1_budget": 48, "stage2_budget": 48, "stage1_max_steps": 1,
+           "stage2_max_steps": 1, "stage3_steps": 1, "trunc_target": 1.0, "trunc_tol": 0.5, "trunc_window": 1,
+           "filter_k": 2, "filter_pool": 4, "engines": None, "devices_per_engine": 2, "slots": 8,
+           "kv_memory_gb": 0.01, "sandbox_workers": 1, "ckpt_every": 10, "template": "full"}
+    (root / "config.json").write_text(json.dumps(cfg))
+    return root
+
+
+@pytest.mark.slow
+def test_full_recipe_path_on_an_hf_directory(run_dir, capsys):
+    import rstar2_recipe
+
+    tok = HFTokenizer(run_dir / "model")
+    for special in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|endoftext|>"):
+        assert len(tok.encode(special)) == 1, special  # single ids, as in Qwen's tokenizer
+    assert jax.device_count() == 8
+    out = run_dir / "out"
+    summary = rstar2_recipe.main(["--config", str(run_dir / "config.json"), "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
+    assert "placement: processes = 1, engines = 4, devices_per_engine = 2, devices_used = 8/8" in printed
+    assert summary["stages"][:3] == ["sft", "rl_stage1", "rl_stage2"]
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    sft = [r for r in rows if r.get("stage") == "sft"]
+    assert sft and sft[-1]["loss"] < sft[0]["loss"]
+    rl = [r for r in rows if r.get("stage", "").startswith("rl_") and "reward" in r]
+    assert len(rl) >= 2
+    updated = [r for r in rl if r["n_kept"] > 0 and math.isfinite(r["train/loss"]) and r["train/update_norm"] > 0]
+    assert len(updated) >= 2, [(r["stage"], r["reward"], r["n_kept"]) for r in rl]
+    assert all(0 < r["reward"] < 1 for r in updated)  # mixed groups: right and wrong answers
+    assert all(r["sync_bytes"] > 0 and r["time_sync_s"] > 0 for r in rl)
