@@ -40,15 +40,12 @@ SLEEP_RANGE = (0.05, 1.0)
 # name -> (code, weight); every program prints 1 (a fixed tool response length), the work is real
 PROGRAMS: dict[str, tuple[str, float]] = {
     "arith": ("s = sum(i * i for i in range(20000)); print(1)", 0.25),
-    "numpy_eig": ("import numpy as np; v = np.linalg.eigvals(np.random.default_rng(0).random((120, 120))); print(1)",
-                  0.15),
-    "sympy_solve": ("from sympy import symbols, solve; x = symbols('x'); r = solve(x**3 - 6*x**2 + 11*x - 6, x); "
-                    "print(1)", 0.15),
+    "numpy_eig": ("import numpy as np; v = np.linalg.eigvals(np.ones((120, 120)) + np.eye(120)); print(1)", 0.15),
+    "sympy_solve": ("from sympy import *; x = Symbol('x'); r = solve(x**3 - 6*x**2 + 11*x - 6); print(1)", 0.15),
     "sympy_factor": ("from sympy import factorint; f = factorint(2**62 + 1); print(1)", 0.15),
-    "sympy_series": ("from sympy import symbols, series, tan, sin; x = symbols('x'); r = series(tan(sin(x)), x, 0, "
-                     "14); print(1)", 0.15),
-    "sympy_integrate": ("from sympy import symbols, integrate, exp, sin; x = symbols('x'); "
-                        "r = integrate(x**3 * exp(x) * sin(x), x); print(1)", 0.08),  # ~1 s
+    "sympy_series": ("from sympy import *; x = Symbol('x'); r = series(tan(sin(x)), x, 0, 14); print(1)", 0.15),
+    "sympy_integrate": ("from sympy import *; x = Symbol('x'); r = integrate(x**3*exp(x)*sin(x), x); print(1)",
+                        0.08),  # ~1 s here
     "sympy_primes": ("from sympy import primerange; n = sum(1 for _ in primerange(1, 10**6)); print(1)", 0.07),
 }
 

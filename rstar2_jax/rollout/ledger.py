@@ -13,6 +13,23 @@ the group goes to the engine with the most capacity if ``capacity.fits`` its sam
 engine with no live trajectory takes the part that fits (at least one sample). ``policy="static"``
 never reads a forecast: ``static_split`` assigns groups evenly (contiguous) up front.
 
+``policy="dynamic"`` reserves nothing ahead at first, as static; the caller keeps its groups
+pending in ``long_first`` order (predicted tokens: the problem's remembered final lengths, shrunk
+towards the length model's mean by ``history_weight`` pseudo-lengths) and ``place`` hands the head
+group, whole, to the engine with the most free slots (``num_slots`` minus its live members not
+waiting for a tool; ties: fewest pages held) whose pages held now (shared prompts + private prompt
+and progress of its live members) plus ``kappa`` of its forecast growth (expected peak minus now,
+the new samples' included) leave room for the group's prompt and one page per sample; none: wait.
+The engine that frees a slot first gets the next group. ``kappa = min(1, growth_reserve * ratio)``
+(0: admit to the memory limit now, as static; 1: to the expected peak, capacity without its sigma
+margin) starts optimistic (``growth_reserve``); preemption is the safety valve (its recompute
+counted by the caller) and each one raises the adaptive ratio (``+ratio_up``), each admission
+decays it, so after overflows more of the growth is reserved. ``migration`` (``migrate=True``) proposes
+moving a member back from a tool to another engine (re-prefill of its context there) when its
+predicted remaining tokens (``LengthModel.residual`` at its problem's scale) plus the prefill
+steps finish there at least ``migrate_margin`` earlier (seconds per step as the caller measures
+them), and that engine has a free slot and the pages.
+
 Events the caller reports, in its own order: ``on_submit`` (a group or part of one went to an
 engine), ``on_progress`` (a member reached a turn boundary, ``waiting`` for a tool, or resumed),
 ``on_move`` (a member migrated), ``on_finish`` (a member ended; its length is learnt, also under
@@ -238,18 +255,17 @@ class AdmissionLedger:
         if self.cfg.policy is not Policy.DYNAMIC or not self.cfg.migrate:
             return None
         rem = self.predicted_remaining(e, member)
-        here = rem * step_s[e]
-        best, best_t = None, here * (1 - self.cfg.migrate_margin)
+        limit = rem * step_s[e] * (1 - self.cfg.migrate_margin)
+        times = []
         for f in range(len(self.shapes)):
-            if f == e or self.free_slots(f) <= 0:
-                continue
-            if not self._room(f, context, 1):
-                continue
             chunk = self.shapes[f].prefill_chunk
             t = (rem + (math.ceil(context / chunk) if chunk else 1)) * step_s[f]
-            if t < best_t:
-                best, best_t = f, t
-        return best
+            if f != e and t < limit and self.free_slots(f) > 0:
+                times.append((t, f))
+        for _, f in sorted(times):  # the soonest finish with the pages for the context
+            if self._room(f, context, 1):
+                return f
+        return None
 
     # -- events ------------------------------------------------------------------------------------
     def on_submit(self, e: int, group: Hashable, prompt_len: int, members: Sequence[Hashable],
