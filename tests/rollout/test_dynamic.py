@@ -179,3 +179,60 @@ def test_dispatcher_migrates_a_trajectory_off_the_slow_engine():
     for e in engines:  # every sequence released on the engine it left and on the one it ended on
         assert not e._seqs and not e.has_work()
     assert len(engines[0].released) + len(engines[1].released) == 4 + m["migrations"]
+
+
+def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypatch):
+    """One scripted workload (6 groups of 4 samples, 2 engines of 8 slots) through the real Dispatcher
+    over scripted engines and through the Simulator, under the dynamic policy with a history that
+    reverses the submission order: the admissions before anything finishes are the same, long-first,
+    2 groups per engine (the slots), the rest waiting."""
+    from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+    from rstar2_jax.rollout.simulate import Simulator
+    from rstar2_jax.rollout.template import TemplateConfig, render_prompt
+    from rstar2_jax.tokenizer import ByteTokenizer
+    from tests.rollout.fakes import ScriptedEngine
+
+    tok, tpl, budget = ByteTokenizer(), TemplateConfig.toy(), 96
+    logs, first_finish = [], []
+    orig_init, orig_finish = AdmissionLedger.__init__, AdmissionLedger.on_finish
+
+    def init(self, *a, **kw):
+        orig_init(self, *a, **kw)
+        logs.append(self)
+
+    def on_finish(self, *a, **kw):
+        if len(first_finish) < len(logs):
+            first_finish.append(len(self.admissions))
+        orig_finish(self, *a, **kw)
+
+    monkeypatch.setattr(AdmissionLedger, "__init__", init)
+    monkeypatch.setattr(AdmissionLedger, "on_finish", on_finish)
+
+    class P:
+        def __init__(self, i):
+            self.id, self.problem, self.answer = f"p{i}", "q" * (10 + 7 * i), "1"
+
+    problems = [P(i) for i in range(6)]
+    hist = {f"p{i}": [10 * (i + 1)] * 4 for i in range(6)}  # p5 longest
+    answer = "x" * 40 + "</reason><answer>\\boxed{1}</answer><|im_end|>"
+    engines = [ScriptedEngine(tok, lambda prompt, child, turn: answer, num_slots=8) for _ in range(2)]
+    d = Dispatcher(engines, None, tok, RolloutConfig(n_samples=4, budget=budget, template=tpl, policy="dynamic"),
+                   history=hist)
+    d.run(problems)
+    prompt_lens = [len(tok.encode(render_prompt(p.problem, tpl))) for p in problems]
+    n_answer = len(tok.encode(answer))
+    groups = [SimGroup(n, tuple(SimTrajectory((n_answer,)) for _ in range(4)), key=f"p{i}")
+              for i, n in enumerate(prompt_lens)]
+    eng = SimEngine(num_slots=8, usable_pages=1023, page_size=16, prefill_chunk=8, step_s_fixed=0.1,
+                    step_s_per_row=0.0, prefill_rows=8)
+    sim = Simulator(groups, n_engines=2, engine=eng, budget=budget, policy=SimPolicy(policy="dynamic"), history=hist)
+    sim.run()
+    real, simulated = logs[0], logs[1]
+    k_real, k_sim = first_finish
+    assert k_real == k_sim == 4
+    # p5 -> e0 (a tie: the first); p4 -> e1 (more free slots); p3: a slot tie, e1 holds fewer pages (p4's
+    # prompt is shorter); p2 -> e0, the only engine with free slots
+    want = [Admission(0, prompt_lens[5], 4), Admission(1, prompt_lens[4], 4), Admission(1, prompt_lens[3], 4),
+            Admission(0, prompt_lens[2], 4)]
+    assert real.admissions[:4] == simulated.admissions[:4] == want
+    assert sum(a.n for a in real.admissions) == sum(a.n for a in simulated.admissions) == 24
