@@ -142,7 +142,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one seed, small batches, small simulation (~2-3 min)")
     ap.add_argument("--seeds", type=str, default="0,1")
-    ap.add_argument("--problems", type=int, default=12)
+    ap.add_argument("--problems", type=int, default=10)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--budget", type=int, default=640, help="response tokens, workloads (a) and (c)")
     ap.add_argument("--budget-b", type=int, default=1024, help="response tokens, workload (b): room for 1-5 calls")
@@ -156,7 +156,7 @@ def main() -> None:
     ap.add_argument("--plot-dir", type=str, default="runs/bench_rollout")
     args = ap.parse_args()
     if args.quick:
-        args.seeds, args.problems, args.samples = "0", 8, 4
+        args.seeds, args.problems, args.samples = "0", 6, 4
         args.sim_engines, args.sim_problems, args.sim_samples = 8, 64, 8
     seeds = [int(s) for s in args.seeds.split(",")]
     todo = cases(args)

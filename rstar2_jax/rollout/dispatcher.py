@@ -92,15 +92,21 @@ class Dispatcher:
     """Runs batches of problems to finished trajectories over ``engines`` (see module docstring).
 
     ``lengths``: final response lengths (tokens) of earlier trajectories, to seed the length model;
-    ``history``: final lengths per problem id from earlier batches (the dynamic policy's order).
+    ``history``: final lengths per problem id from earlier batches (the dynamic policy's order);
+    ``step_s``: per engine, seconds per step known from earlier batches (the dynamic policy's
+    speeds before this dispatcher has measured its own; a moving average of its steps after).
     """
 
     def __init__(self, engines: Sequence[Engine], pool: Any, tokenizer: Tokenizer, cfg: RolloutConfig, *,
-                 lengths: Sequence[int] = (), history: Mapping[str, Sequence[int]] | None = None):
+                 lengths: Sequence[int] = (), history: Mapping[str, Sequence[int]] | None = None,
+                 step_s: Sequence[float] | None = None):
         if not engines:
             raise ValueError("Dispatcher needs at least one engine")
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
         self.ledger = AdmissionLedger(cfg, cfg.budget, [_shape(e) for e in engines], lengths, history)
+        self._step_s = list(step_s) if step_s else [0.0] * len(self.engines)  # per engine, moving average
+        for e, x in enumerate(self._step_s):
+            self.ledger.set_step_s(e, x)
         markers = (tokenizer.eos_id, *cfg.template.stop_markers)
         self.stop_ids = tuple(sorted({i for m in markers if (i := self._id(m)) is not None}))
         self.stop_strings = tuple(m for m in cfg.template.stop_markers if self._id(m) is None)
@@ -169,7 +175,6 @@ class Dispatcher:
         self._tool_latency: list[float] = []
         self._n_done = 0
         self._engine_of: dict[int, int] = {}  # uid -> engine it runs on now
-        self._step_s = [0.0] * len(self.engines)  # per engine: seconds per step (moving average)
         self._t_start: dict[int, float] = {}  # uid -> perf_counter at its first submission
         self._t_end: dict[int, float] = {}
         self._fresh_prefill = 0  # prompt tokens per submitted group + tool tokens appended
@@ -209,7 +214,7 @@ class Dispatcher:
         while self._pending:
             g = self._pending[0]
             if self.cfg.policy is not Policy.STATIC:
-                place = self.ledger.place(len(g.prompt), len(g.trajs))
+                place = self.ledger.place(len(g.prompt), len(g.trajs), g.problem)
                 if place is None:
                     return  # wait for memory
                 g.engine = place.engine
@@ -241,6 +246,7 @@ class Dispatcher:
             e = msg.engine
             self._clock[e] += 1
             self._step_s[e] = msg.step_s if not self._step_s[e] else 0.9 * self._step_s[e] + 0.1 * msg.step_s
+            self.ledger.set_step_s(e, self._step_s[e])
             if msg.preemptions > self._preempt[e]:
                 self.ledger.on_preemptions(msg.preemptions - self._preempt[e])
                 self._preempt[e] = msg.preemptions
@@ -346,7 +352,7 @@ class Dispatcher:
             "traj_latency_p90_s": float(np.percentile(traj_lat, 90)),  # first submission -> end
             "fresh_prefill_tokens": self._fresh_prefill,  # prompts (once per group) + tool responses
             "migrations": self._migrations, "migrated_tokens": self._migrated_tokens,  # contexts prefilled again
-            "policy": self.cfg.policy.value,
+            "policy": self.cfg.policy.value, "step_s": list(self._step_s),
             "makespan_s": makespan, "output_tokens": sampled, "tokens_per_s": sampled / max(makespan, 1e-9),
             "preemptions": int(sum(self._preempt) - sum(preempt0)),
             "idle_fraction": [max(0.0, 1 - w.busy_s / max(makespan, 1e-9)) for w in self.workers],

@@ -16,13 +16,15 @@ never reads a forecast: ``static_split`` assigns groups evenly (contiguous) up f
 ``policy="dynamic"`` reserves nothing ahead at first, as static; the caller keeps its groups
 pending in ``long_first`` order (predicted tokens: the problem's remembered final lengths, shrunk
 towards the length model's mean by ``history_weight`` pseudo-lengths) and ``place`` hands the head
-group, whole, to the engine with the most free slots (``num_slots`` minus its live members not
-waiting for a tool; ties: fewest pages held) whose pages held now (shared prompts + private prompt
-and progress of its live members) plus ``kappa`` of its forecast growth (expected peak minus now,
-the new samples' included) leave room for the group's prompt and one page per sample; none: wait.
-The engine that frees a slot first gets the next group. ``kappa = min(1, growth_reserve * ratio)``
-(0: admit to the memory limit now, as static; 1: to the expected peak, capacity without its sigma
-margin) starts optimistic (``growth_reserve``); preemption is the safety valve (its recompute
+group, whole, to the engine that would finish its predicted work with the group's first
+(``step_s`` seconds per step, as the caller measures them, times the predicted remaining tokens of
+its live members plus the group's; ties: fewest pages held), among those with a free slot
+(``num_slots`` minus live members not waiting for a tool) whose pages held now (shared prompts + private prompt
+and progress of its live members) plus ``kappa`` of its forecast growth (expected pages minus now
+plus ``reserve_sigma`` standard deviations at the peak, the new samples' included) leave room for the group's prompt and one page per sample; none: wait.
+A full engine takes no group: the one that frees a slot (or pages) first gets the next; a faster
+engine is given more work. ``kappa = min(1, growth_reserve * ratio)``
+(0: admit to the memory limit now, as static; 1: capacity's reservation at ratio 1) starts optimistic (``growth_reserve``); preemption is the safety valve (its recompute
 counted by the caller) and each one raises the adaptive ratio (``+ratio_up``), each admission
 decays it, so after overflows more of the growth is reserved. ``migration`` (``migrate=True``) proposes
 moving a member back from a tool to another engine (re-prefill of its context there) when its
@@ -108,6 +110,7 @@ class AdmissionLedger:
         self.cfg, self.shapes = cfg, list(shapes)
         # final lengths per problem key (across batches, the last ``history_per_key``): long-first order
         self.by_key: dict[Hashable, list[int]] = {k: list(v)[-cfg.history_per_key:] for k, v in (history or {}).items()}
+        self.step_s = [1.0] * len(self.shapes)  # per engine: seconds per step (relative until measured)
         self.ratio = AdaptiveRatio(cfg.reserve_ratio, cfg.reserve_ratio_min, cfg.reserve_ratio_max,
                                    cfg.ratio_up, cfg.ratio_decay)
         self.model: LengthModel | None = None
@@ -136,6 +139,7 @@ class AdmissionLedger:
         self._group_index: dict[Hashable, int] = {}  # group token -> index in submission order
         self._group_prompt: dict[int, int] = {}  # group index -> prompt tokens
         self._group_key: dict[int, Hashable] = {}  # group index -> problem key
+        self._group_pred: dict[int, float] = {}  # group index -> predicted tokens at submission
         self._batch_by_key: dict[Hashable, list[int]] = {}  # this batch's final lengths per key
         self.admissions = []
 
@@ -171,11 +175,11 @@ class AdmissionLedger:
         sd = self.cfg.reserve_sigma * np.sqrt(b.var)
         return self.shapes[e].usable_pages - self.ratio.value * float(np.max(b.curve + b.shared + sd))
 
-    def place(self, prompt_len: int, n: int) -> Placement | None:
-        """Where the head group (``n`` samples of a ``prompt_len``-token prompt) goes now, or None
-        to wait (capacity: for memory; dynamic: for a free slot and the prompt's pages)."""
+    def place(self, prompt_len: int, n: int, key: Hashable = None) -> Placement | None:
+        """Where the head group (``n`` samples of a ``prompt_len``-token prompt of problem ``key``)
+        goes now, or None to wait (capacity: for memory; dynamic: for a free slot and room)."""
         if self.cfg.policy is Policy.DYNAMIC:
-            return self._place_dynamic(prompt_len, n)
+            return self._place_dynamic(prompt_len, n, key)
         e = int(np.argmax([self.capacity(i) for i in range(len(self.shapes))]))
         self.refresh(e)  # the others' forecasts are as of their last event
         b, ps = self._books[e], self.shapes[e].page_size
@@ -222,8 +226,9 @@ class AdmissionLedger:
 
     def _room(self, e: int, tokens: int, n: int) -> bool:
         """Pages for ``n`` samples of a ``tokens``-token prompt on ``e``: held now plus ``kappa`` of
-        the forecast growth (expected peak over the next tokens minus now, the new samples'
-        included) fit the pool (an empty engine: always)."""
+        the forecast growth (expected pages over the next tokens minus now plus ``reserve_sigma``
+        standard deviations, the new samples' included, at its peak) fit the pool (an empty
+        engine: always)."""
         b, ps = self._books[e], self.shapes[e].page_size
         if not b.live_n:
             return True
@@ -232,21 +237,37 @@ class AdmissionLedger:
         if not kappa:
             return held <= self.shapes[e].usable_pages
         self.refresh(e)
-        m1, _ = forecast(self.model, [0], [tokens % ps], self.budget, ps)
+        m1, v1 = forecast(self.model, [0], [tokens % ps], self.budget, ps)
         curve = b.curve + n * m1
-        growth = float(np.max(curve - curve[0]))
+        sd = self.cfg.reserve_sigma * np.sqrt(b.var + n * n * v1)  # the new samples fully correlated
+        growth = float(np.max(curve - curve[0] + sd))
         return held + kappa * growth <= self.shapes[e].usable_pages
 
-    def _place_dynamic(self, prompt_len: int, n: int) -> Placement | None:
-        best, best_score = None, None
+    def set_step_s(self, e: int, seconds: float) -> None:
+        """Engine ``e`` takes ``seconds`` per step (as measured; the dynamic policy's speed)."""
+        if seconds > 0:
+            self.step_s[e] = float(seconds)
+
+    def work(self, e: int) -> float:
+        """Predicted remaining tokens of ``e``'s live members (their problems' predicted lengths
+        minus their progress, at least 1 each)."""
+        b = self._books[e]
+        return sum(max(self._group_pred[gi] - self.progress(m), 1.0) for m, (_, gi, _) in b.live.items())
+
+    def _place_dynamic(self, prompt_len: int, n: int, key: Hashable) -> Placement | None:
+        """The engine, among those with a free slot and room, that would finish its predicted work
+        with this group's first (seconds per step x predicted tokens; ties: fewest pages held, then
+        lowest index); the forecast is computed only for the candidates tried."""
+        add = n * self.predicted_total(key)
+        ranked = []
         for e in range(len(self.shapes)):
-            free = self.free_slots(e)
-            if free <= 0 or not self._room(e, prompt_len, n):
-                continue
-            score = (free / (self.shapes[e].num_slots or 1), -self.held_pages(e) / self.shapes[e].usable_pages)
-            if best_score is None or score > best_score:
-                best, best_score = e, score
-        return None if best is None else Placement(best, n)
+            if self.free_slots(e) > 0:
+                held = self.held_pages(e) / self.shapes[e].usable_pages
+                ranked.append((self.step_s[e] * (self.work(e) + add), held, e))
+        for *_, e in sorted(ranked):
+            if self._room(e, prompt_len, n):
+                return Placement(e, n)
+        return None
 
     def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> int | None:
         """Engine that ``member`` (on ``e``, back from a tool, ``context`` tokens so far) should move
@@ -280,6 +301,7 @@ class AdmissionLedger:
         b.group_live[gi] = b.group_live.get(gi, 0) + len(members)
         self._group_prompt[gi] = prompt_len
         self._group_key[gi] = key
+        self._group_pred[gi] = self.predicted_total(key) if self.cfg.policy is Policy.DYNAMIC else 0.0
         for m in members:
             b.live[m] = (prompt_len % ps, gi, offset)
         self.refresh(e)

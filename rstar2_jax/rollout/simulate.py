@@ -213,6 +213,8 @@ class Simulator:
         self.n_left = sum(len(g.seqs) for g in self.gs)
         shapes = [EngineShape(self.z, sp.usable_pages, sp.num_slots, sp.prefill_chunk) for sp in specs]
         self.ledger = AdmissionLedger(policy, budget, shapes, lengths, history)
+        for i, sp in enumerate(specs):  # the speeds a long-lived dispatcher has measured: one-row steps
+            self.ledger.set_step_s(i, sp.step_s(1))
         self.ledger.new_batch(budget, progress=self.progress)
         order = self.ledger.long_first([g.key for g in self.gs]) if policy.policy is Policy.DYNAMIC \
             else range(len(self.gs))
@@ -264,7 +266,7 @@ class Simulator:
     def admit(self, now: float) -> None:
         while self.pending:
             g = self.pending[-1]
-            place = self.ledger.place(g.prompt_len, len(g.seqs))
+            place = self.ledger.place(g.prompt_len, len(g.seqs), g.key)
             if place is None:
                 return  # wait for memory
             if place.take < len(g.seqs):  # an empty engine takes the part of the group that fits

@@ -114,13 +114,14 @@ def test_sim_dynamic_feeds_the_faster_engine_more():
 
 
 def test_sim_migration_moves_the_straggler_to_the_fast_engine():
-    # e0 slow (0.4 s a step), e1 fast (0.1 s). Y (long-first, history 118) -> e0: 1 prompt step + 10
-    # tokens = 4.4 s, tool 1 s. X (30 tokens) -> e1, done at 3.1 s. At 5.4 s Y is back: on e0 its
+    # e0 slow (0.4 s a step), e1 fast (0.1 s); the history misleads: X (30 tokens) was long, Y short.
+    # X goes first, to the fast engine (0.1 x 118 < 0.4 x 118), done at 3.1 s; Y to the slow one
+    # (0.4 x its ~20 < 0.1 x (118 + 20)): 1 prompt step + 10 tokens = 4.4 s, tool 1 s. At 5.4 s Y is back: on e0 its
     # remaining 100 tokens take 40 s (+ 1 step for the response): 45.8 s. Migrated, e1 recomputes its
     # 26-token context (18 cached + 8 appended: 4 chunks) and samples 100: 5.4 + 10.4 = 15.8 s.
     y = SimGroup(8, (SimTrajectory((10, 100), (1.0,), (8,)),), key="Y")
     groups = [_single(30, "X"), y]
-    kw = dict(n_engines=2, engine=[_eng(0.4), _eng(0.1)], budget=128, history={"Y": [118], "X": [30]},
+    kw = dict(n_engines=2, engine=[_eng(0.4), _eng(0.1)], budget=128, history={"Y": [20], "X": [118]},
               lengths=[118, 30])
     stay = simulate(groups, policy=SimPolicy(policy="dynamic"), **kw)
     assert stay.makespan_s == pytest.approx(45.8) and stay.migrations == 0
@@ -230,8 +231,8 @@ def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypat
     real, simulated = logs[0], logs[1]
     k_real, k_sim = first_finish
     assert k_real == k_sim == 4
-    # p5 -> e0 (a tie: the first); p4 -> e1 (more free slots); p3: a slot tie, e1 holds fewer pages (p4's
-    # prompt is shorter); p2 -> e0, the only engine with free slots
+    # p5 -> e0 (a tie: the first); p4 -> e1 (no work yet); p3 -> e1 (p4's predicted work is less than
+    # p5's); p2 -> e0, the only engine with free slots
     want = [Admission(0, prompt_lens[5], 4), Admission(1, prompt_lens[4], 4), Admission(1, prompt_lens[3], 4),
             Admission(0, prompt_lens[2], 4)]
     assert real.admissions[:4] == simulated.admissions[:4] == want
