@@ -5,7 +5,9 @@ Two real PagedEngines (tiny random Qwen3-style policy, byte vocab), each in its 
 to its own core (``ProcessEngine`` in lockstep: an idle engine leaves its core idle, as a device
 would), roll out 2G samples per problem through the real sandbox pool. The behaviour (turn lengths,
 tool calls, answers) is scripted on top of real decoding (``rollout_workload``): compute is real,
-tool calls are real sandbox runs. Workloads:
+tool calls are real sandbox runs. Each dispatcher starts from what a long-lived one knows: the
+engines' seconds per step (a short probe per workload; only the dynamic policy reads them).
+Workloads:
 
 (a) today's: moderate lengths, 0-4 ``time.sleep`` tool calls;
 (b) heavy-tailed multi-turn: turn lengths lognormal(sigma 1.2), 1-5 calls per trajectory, each a real
@@ -73,12 +75,12 @@ def cases(args) -> list[Case]:
                                                    "half speed (its host sleeps each step's duration again)")]
 
 
-def run_policy(name: str, problems, scripts, w: Workload, seed: int, engines, pool, lengths, by_key):
+def run_policy(name: str, problems, scripts, w: Workload, seed: int, engines, pool, lengths, by_key, step_s):
     by_prompt = {tuple(TOK.encode(render_prompt(p.problem, tpl(w)))): s for p, s in zip(problems, scripts)}
     for e in engines:
         e.call("reset", by_prompt)
     cfg = RolloutConfig(n_samples=w.n_samples, budget=w.budget, template=tpl(w), **POLICIES[name])
-    res = Dispatcher(engines, pool, TOK, cfg, lengths=lengths, history=by_key).run(problems, seed=seed)
+    res = Dispatcher(engines, pool, TOK, cfg, lengths=lengths, history=by_key, step_s=step_s).run(problems, seed=seed)
     m = res.metrics
     st = [e.stats() for e in engines]
     fed = sum(s.prefill_tokens for s in st)
@@ -150,14 +152,14 @@ def main() -> None:
     ap.add_argument("--pages", type=int, default=640, help="KV pages per engine (null page included)")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--pool-workers", type=int, default=8)
-    ap.add_argument("--sim-engines", type=int, default=32)
-    ap.add_argument("--sim-problems", type=int, default=256)
+    ap.add_argument("--sim-engines", type=int, default=16)
+    ap.add_argument("--sim-problems", type=int, default=96)
     ap.add_argument("--sim-samples", type=int, default=16)
     ap.add_argument("--plot-dir", type=str, default="runs/bench_rollout")
     args = ap.parse_args()
     if args.quick:
         args.seeds, args.problems, args.samples = "0", 6, 4
-        args.sim_engines, args.sim_problems, args.sim_samples = 8, 64, 8
+        args.sim_engines, args.sim_problems, args.sim_samples = 8, 32, 8
     seeds = [int(s) for s in args.seeds.split(",")]
     todo = cases(args)
     model_kw = dict(vocab_size=TOK.vocab_size, hidden_size=128, num_layers=2, num_heads=4, num_kv_heads=2,
@@ -206,6 +208,8 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
         for cs in todo:
             describe(cs, seeds)
             engines[1].call("set_slowdown", cs.slow)
+            step_s = [e.call("probe_step_s") for e in engines]  # what a long-lived dispatcher knows of its engines
+            print(f"  engine speeds (probe, half the slots decoding): {[round(x * 1e3, 2) for x in step_s]} ms a step")
             results[cs.name] = {p: [] for p in POLICIES}
             first: dict = {}
             for seed in tqdm(seeds, desc=f"workload {cs.name}", leave=False):
@@ -214,7 +218,7 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
                 by_key, lengths = history(cs.w, s, epoch=0)
                 names = list(POLICIES)
                 for name in names[seed % len(names):] + names[:seed % len(names)]:  # rotate the order
-                    res = run_policy(name, problems, scripts, cs.w, s, engines, pool, lengths, by_key)
+                    res = run_policy(name, problems, scripts, cs.w, s, engines, pool, lengths, by_key, step_s)
                     results[cs.name][name].append(res.metrics)
                     if seed == seeds[0]:
                         first[name] = res

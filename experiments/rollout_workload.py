@@ -323,6 +323,18 @@ class EngineHost:
         t = [_seconds_per_step(self._decoding(rows, n, n_steps + 20, settle=10), n_steps) for n in (short, long)]
         return max((t[1] - t[0]) / (rows * (long - short) / 1e3), 0.0)
 
+    def probe_step_s(self, n_steps: int = 20) -> float:
+        """Seconds per step of this engine as it runs now (its slowdown included), half its slots decoding:
+        the speed a long-lived dispatcher knows from earlier batches."""
+        eng = self._decoding(self.cfg.num_slots // 2, 199, n_steps + 20, settle=5)
+        t0 = time.perf_counter()
+        for _ in range(n_steps):
+            t = time.perf_counter()
+            eng.step()
+            if self.slowdown > 1:
+                time.sleep((time.perf_counter() - t) * (self.slowdown - 1))
+        return (time.perf_counter() - t0) / n_steps
+
     def steps_per_s(self, n_steps: int) -> float:
         """Steps per second of an engine decoding half its slots (the concurrency probe)."""
         return 1.0 / _seconds_per_step(self._decoding(self.cfg.num_slots // 2, 199, n_steps + 20, settle=5), n_steps)
