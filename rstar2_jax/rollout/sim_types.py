@@ -32,7 +32,8 @@ class SimEngine:
 
     def step_s(self, rows: int, fed: int = 0, ctx: float = 0.0) -> float:
         """Seconds of a step with ``rows`` rows, ``fed`` of them prefill chunks, ``ctx`` context tokens."""
-        return self.step_s_fixed + self.step_s_per_row * rows + self.step_s_chunk * fed + self.step_s_per_kctx * ctx / 1e3
+        return (self.step_s_fixed + self.step_s_per_row * rows + self.step_s_chunk * fed
+                + self.step_s_per_kctx * ctx / 1e3)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

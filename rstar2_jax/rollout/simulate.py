@@ -23,11 +23,11 @@ sequences that still have uncached tokens (their prompt, a tool response or, aft
 everything: ``ceil(uncached / prefill_chunk)`` steps as a fed row; the others wait in their slots,
 as in ``PagedEngine``). A step takes ``step_s_fixed + step_s_per_row * rows + step_s_chunk * fed``
 seconds (``rows`` = decoders + fed) plus ``step_s_per_kctx`` per thousand context tokens held by the
-rows (attention reads; the rows' total at the interval's start). A sequence waiting for a tool leaves its slot but keeps its KV.
-Admission is strict FIFO by submission order and needs KV for the sequence's tokens; a full pool
-preempts the newest holder, which later recomputes its K/V. A group's full prompt pages are shared
-until a child is preempted. Time jumps from event to event (turn end, prefill done, pool full,
-tool answer): O(events x slots), no per-token loop.
+rows (attention reads; the rows' total at the interval's start). A sequence waiting for a tool
+leaves its slot but keeps its KV. Admission is strict FIFO by submission order and needs KV for the
+sequence's tokens; a full pool preempts the newest holder, which later recomputes its K/V. A group's
+full prompt pages are shared until a child is preempted. Time jumps from event to event (turn end,
+prefill done, pool full, tool answer): O(events x slots), no per-token loop.
 
 Approximations (named): step costs are constant between events (context growth within an interval
 not priced); KV is counted in tokens plus half a page of slack per holder (not exact
