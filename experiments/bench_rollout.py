@@ -153,7 +153,7 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--pool-workers", type=int, default=8)
     ap.add_argument("--sim-engines", type=int, default=16)
-    ap.add_argument("--sim-problems", type=int, default=96)
+    ap.add_argument("--sim-problems", type=int, default=48)
     ap.add_argument("--sim-samples", type=int, default=16)
     ap.add_argument("--plot-dir", type=str, default="runs/bench_rollout")
     args = ap.parse_args()
