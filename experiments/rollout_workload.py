@@ -9,9 +9,12 @@ or a final answer turn. Compute is real (every token is decoded and its K/V cach
 real sandbox calls; only which tokens the trajectory records is scripted.
 
 Workload (per seed): per-problem difficulty d ~ lognormal(0, sigma_d); per sample k ~
-Poisson(lambda * d) tool calls (<= max_turns - 1), each turn ``scripted text +
-lognormal(log(median * d), sigma_t)`` tokens, tool sleeps lognormal(median, sigma_s) clipped to
-[0.05, 1.0] s; trajectories are cut at the token budget like real ones.
+min_calls + Poisson(lambda * d) tool calls (<= max_turns - 1), each turn ``scripted text +
+lognormal(log(median * d), sigma_t)`` tokens; a tool call is ``time.sleep(s)`` with s ~
+lognormal(median, sigma_s) clipped to [0.05, 1.0] s (``tools="sleep"``) or a program drawn from
+``PROGRAMS`` (``tools="mix"``: arithmetic, numpy, light and heavy sympy, all really run); trajectories
+are cut at the token budget like real ones. The difficulties are the seed's problems; the samples
+are those of ``epoch`` (another epoch over the same problems: the history the length model keeps).
 """
 
 from __future__ import annotations
@@ -34,6 +37,17 @@ TOK = ByteTokenizer()
 TPL = TemplateConfig.toy(max_turns=5)
 FILLER = "Let me think about this step by step and check each case carefully. "
 SLEEP_RANGE = (0.05, 1.0)
+# name -> (code, weight); every program prints 1 (a fixed tool response length), the work is real
+PROGRAMS: dict[str, tuple[str, float]] = {
+    "arith": ("s = sum(i * i for i in range(20000)); print(1)", 0.25),
+    "numpy_eig": ("import numpy as np; v = np.linalg.eigvals(np.ones((120, 120)) + np.eye(120)); print(1)", 0.15),
+    "sympy_solve": ("from sympy import *; x = Symbol('x'); r = solve(x**3 - 6*x**2 + 11*x - 6); print(1)", 0.15),
+    "sympy_factor": ("from sympy import factorint; f = factorint(2**62 + 1); print(1)", 0.15),
+    "sympy_series": ("from sympy import *; x = Symbol('x'); r = series(tan(sin(x)), x, 0, 14); print(1)", 0.15),
+    "sympy_integrate": ("from sympy import *; x = Symbol('x'); r = integrate(x**3*exp(x)*sin(x), x); print(1)",
+                        0.08),  # ~1 s here
+    "sympy_primes": ("from sympy import primerange; n = sum(1 for _ in primerange(1, 10**6)); print(1)", 0.07),
+}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -49,6 +63,15 @@ class Workload:
     sigma_t: float = 0.7  # per-turn length spread
     median_sleep: float = 0.15  # seconds a tool call sleeps (median)
     sigma_s: float = 0.9  # tool sleep spread
+    min_calls: int = 0  # tool calls every sample makes at least
+    max_turns: int = 5  # turns per trajectory (tool calls <= max_turns - 1)
+    tools: str = "sleep"  # "sleep" (time.sleep) or "mix" (PROGRAMS)
+
+    def __post_init__(self) -> None:
+        if self.tools not in ("sleep", "mix"):
+            raise ValueError(f"Workload.tools must be 'sleep' or 'mix', got {self.tools!r}")
+        if not 0 <= self.min_calls < self.max_turns:
+            raise ValueError(f"Workload: need 0 <= min_calls < max_turns, got {self.min_calls}, {self.max_turns}")
 
 
 @dataclasses.dataclass
@@ -63,8 +86,12 @@ def _filler(n: int) -> list[int]:
     return TOK.encode((FILLER * (n // len(FILLER) + 1))[:n])
 
 
-def _tool_body(sleep_s: float) -> list[int]:
-    args = {"code": f"import time; time.sleep({sleep_s:.3f}); print(1)", "input": ""}
+def sleep_code(sleep_s: float) -> str:
+    return f"import time; time.sleep({sleep_s:.3f}); print(1)"
+
+
+def _tool_body(code: str) -> list[int]:
+    args = {"code": code, "input": ""}
     return TOK.encode("<tool_call>" + json.dumps({"name": TOOL_NAME, "arguments": args}) + "</tool_call>")
 
 
@@ -72,9 +99,9 @@ def _answer_body(answer: str) -> list[int]:
     return TOK.encode(f"</reason><answer>\\boxed{{{answer}}}</answer><|im_end|>")
 
 
-def tool_turn(n: int, sleep_s: float) -> list[int]:
-    """``n`` tokens: reasoning filler, then a tool call that sleeps ``sleep_s``."""
-    body = _tool_body(sleep_s)
+def tool_turn(n: int, code: str) -> list[int]:
+    """``n`` tokens: reasoning filler, then a tool call running ``code``."""
+    body = _tool_body(code)
     assert n >= len(body), (n, len(body))
     return _filler(n - len(body)) + body
 
@@ -86,7 +113,7 @@ def answer_turn(n: int, answer: str) -> list[int]:
     return _filler(n - len(body)) + body
 
 
-MIN_TOOL_TURN = len(_tool_body(0.123)) + 8  # scripted text (sleeps print as 0.xxx) + a little reasoning
+MIN_TOOL_TURN = len(_tool_body(sleep_code(0.123))) + 8  # scripted text (sleeps print as 0.xxx) + some reasoning
 MIN_ANSWER_TURN = len(_answer_body("1234")) + 8
 
 
@@ -96,30 +123,41 @@ def response_len(sleep_s: float) -> int:
     return len(TOK.encode(tool_response_segment(render_tool_result(fake, TPL))))
 
 
-def make_workload(w: Workload, seed: int) -> tuple[list[Problem], list[list[list[tuple[list[int], float]]]]]:
-    """Problems and, per problem and sample, the scripted turns ``(token ids, tool sleep or 0)``."""
-    rng = np.random.default_rng(seed)
+def make_workload(w: Workload, seed: int, epoch: int = 0,
+                  tool_s: dict[str, float] | None = None) -> tuple[list[Problem], list[list[list[tuple]]]]:
+    """Problems and, per problem and sample, the scripted turns ``(token ids, tool seconds or 0,
+    program name)`` (a program's seconds: ``tool_s[name]``, measured, else 0.1)."""
+    d_all = np.random.default_rng(seed).lognormal(0.0, w.sigma_d, size=w.n_problems)
+    rng = np.random.default_rng([seed, epoch])
+    names = list(PROGRAMS)
+    weights = np.array([PROGRAMS[n][1] for n in names])
     problems, scripts = [], []
     for p in range(w.n_problems):
-        d = float(rng.lognormal(0.0, w.sigma_d))
+        d = float(d_all[p])
         problems.append(Problem(f"s{seed}p{p}", f"Problem {p} of seed {seed}: compute the value.", str(p)))
         samples = []
         for _ in range(w.n_samples):
-            k = min(int(rng.poisson(w.calls_per_d * d)), TPL.max_turns - 1)
+            k = min(w.min_calls + int(rng.poisson(w.calls_per_d * d)), w.max_turns - 1)
             free = np.round(rng.lognormal(math.log(w.median_turn * d), w.sigma_t, size=k + 1)).astype(int)
-            sleeps = np.clip(rng.lognormal(math.log(w.median_sleep), w.sigma_s, size=k), *SLEEP_RANGE)
-            turns = [(tool_turn(MIN_TOOL_TURN + int(f), float(s)), float(s)) for f, s in zip(free[:k], sleeps)]
+            if w.tools == "sleep":
+                sleeps = np.clip(rng.lognormal(math.log(w.median_sleep), w.sigma_s, size=k), *SLEEP_RANGE)
+                calls = [(sleep_code(float(s)), float(s), "sleep") for s in sleeps]
+            else:
+                picks = rng.choice(len(names), size=k, p=weights / weights.sum())
+                calls = [(PROGRAMS[names[i]][0], (tool_s or {}).get(names[i], 0.1), names[i]) for i in picks]
+            turns = [(tool_turn(len(_tool_body(code)) + 8 + int(f), code), s, name)
+                     for f, (code, s, name) in zip(free[:k], calls)]
             answer = str(p) if rng.random() < 0.5 else str(p + 1)
-            turns.append((answer_turn(MIN_ANSWER_TURN + int(free[k]), answer), 0.0))
+            turns.append((answer_turn(MIN_ANSWER_TURN + int(free[k]), answer), 0.0, ""))
             samples.append(turns)
         scripts.append(samples)
     return problems, scripts
 
 
-def realized(turns: list[tuple[list[int], float]], budget: int) -> SimTrajectory:
+def realized(turns: list[tuple], budget: int) -> SimTrajectory:
     """What the rollout does with a script under the budget (mirrors ``Trajectory``'s rules)."""
     lens, sleeps, appended, used = [], [], [], 0
-    for i, (ids, sleep) in enumerate(turns):
+    for i, (ids, sleep, *_) in enumerate(turns):
         n = min(len(ids), budget - used)
         lens.append(n)
         used += n
@@ -137,15 +175,39 @@ def realized(turns: list[tuple[list[int], float]], budget: int) -> SimTrajectory
 class ScriptedTurnsEngine(ScriptedPolicy):
     """A PagedEngine whose turn lengths and recorded tokens follow a script (see module docstring).
 
-    ``scripts[prompt ids][child][turn] = (ids, tool sleep)``. Each turn decodes exactly
+    ``scripts[prompt ids][child][turn] = (ids, tool seconds, program)``. Each turn decodes exactly
     ``len(ids)`` real tokens (fewer if the budget cuts it) with no stop tokens; the stop event then
     carries the scripted ids (same count: KV accounting stays exact) and reason ``stop_token``, or
     filler with the engine's reason if the turn was cut (``rollout.scripted.ScriptedPolicy``).
+    A migrated trajectory (its whole context resubmitted) is located in the script by walking its
+    scripted turns, each followed by a tool response ending in ``RESPONSE_END``.
     """
 
-    def __init__(self, engine: PagedEngine, scripts: dict[tuple[int, ...], list[list[tuple[list[int], float]]]]):
-        super().__init__(engine, lambda prompt, child, turn: scripts[prompt][child][turn][0])
+    def __init__(self, engine: PagedEngine, scripts: dict[tuple[int, ...], list[list[tuple]]]):
+        super().__init__(engine, lambda prompt, child, turn: scripts[prompt][child][turn][0], self._locate)
         self.scripts = scripts
+        self._prompt_lens = sorted({len(p) for p in scripts})
+
+    def _locate(self, context: tuple[int, ...]) -> tuple[tuple[int, ...], int, int] | None:
+        """(original prompt, child, next turn) of a resubmitted context, or None (a fresh prompt)."""
+        if context in self.scripts:
+            return None
+        end = list(RESPONSE_END)
+        for n in self._prompt_lens:
+            prompt = context[:n]
+            for child, turns in enumerate(self.scripts.get(prompt, ())):
+                pos = n
+                for turn, (ids, *_) in enumerate(turns):
+                    if list(context[pos:pos + len(ids)]) != list(ids):
+                        break
+                    pos += len(ids)
+                    j = _find(context, end, pos)
+                    if j < 0:
+                        break
+                    pos = j + len(end)
+                    if pos == len(context):
+                        return prompt, child, turn + 1
+        raise KeyError(f"ScriptedTurnsEngine: a resubmitted context of {len(context)} tokens matches no script")
 
     @property
     def cfg(self):
@@ -157,6 +219,16 @@ class ScriptedTurnsEngine(ScriptedPolicy):
 
     def cut(self, ids: list[int], ev: StopEvent) -> StopEvent:
         return StopEvent(ev.seq_id, _filler(len(ev.tokens)), ev.logprobs, ev.reason)
+
+
+RESPONSE_END = tuple(TOK.encode("</tool_response><|im_end|>\n<|im_start|>assistant\n<reason>"))
+
+
+def _find(seq: tuple[int, ...], sub: list[int], start: int) -> int:
+    for i in range(start, len(seq) - len(sub) + 1):
+        if list(seq[i:i + len(sub)]) == sub:
+            return i
+    return -1
 
 
 # -- one engine per process ------------------------------------------------------------------------
@@ -175,7 +247,15 @@ class EngineHost:
         self.cfg, self.num_pages = ecfg, ecfg.num_pages
         self.page_size, self.usable_pages, self.max_seq_len = ecfg.page_size, ecfg.num_pages - 1, ecfg.max_seq_len
         self.engine: ScriptedTurnsEngine | None = None
+        self.slowdown = 1.0  # step wall time x this (a slower device: the extra time is slept)
         self._new().warmup()  # compile every step variant once (not timed)
+
+    def set_slowdown(self, factor: float) -> None:
+        """Emulate a device ``factor`` times slower: after each real step, sleep ``factor - 1`` times
+        its duration (the core is left idle, as a slower accelerator leaves its host)."""
+        if factor < 1:
+            raise ValueError(f"EngineHost.set_slowdown: factor must be >= 1, got {factor}")
+        self.slowdown = float(factor)
 
     def _new(self) -> PagedEngine:
         return PagedEngine(self.graphdef, self.params, self.mcfg, self.cfg, decode_fn=TOK.decode)
@@ -197,7 +277,11 @@ class EngineHost:
         self.engine.release(seq_id)
 
     def step(self) -> list[StopEvent]:
-        return self.engine.step()
+        t = time.perf_counter()
+        out = self.engine.step()
+        if self.slowdown > 1:
+            time.sleep((time.perf_counter() - t) * (self.slowdown - 1))
+        return out
 
     def has_work(self) -> bool:
         return self.engine is not None and self.engine.has_work()
@@ -233,6 +317,24 @@ class EngineHost:
         b, a = np.polyfit(rows, secs, 1)
         return max(float(a), 0.0), max(float(b), 1e-6), max(float(np.median(extra)), 0.0)
 
+    def ctx_cost(self, rows: int, short: int, long: int, n_steps: int = 30) -> float:
+        """Seconds a step adds per 1000 context tokens of its rows: ``rows`` decoding rows at a
+        ``short`` and at a ``long`` context, on this engine alone."""
+        t = [_seconds_per_step(self._decoding(rows, n, n_steps + 20, settle=10), n_steps) for n in (short, long)]
+        return max((t[1] - t[0]) / (rows * (long - short) / 1e3), 0.0)
+
+    def probe_step_s(self, n_steps: int = 20) -> float:
+        """Seconds per step of this engine as it runs now (its slowdown included), half its slots decoding:
+        the speed a long-lived dispatcher knows from earlier batches."""
+        eng = self._decoding(self.cfg.num_slots // 2, 199, n_steps + 20, settle=5)
+        t0 = time.perf_counter()
+        for _ in range(n_steps):
+            t = time.perf_counter()
+            eng.step()
+            if self.slowdown > 1:
+                time.sleep((time.perf_counter() - t) * (self.slowdown - 1))
+        return (time.perf_counter() - t0) / n_steps
+
     def steps_per_s(self, n_steps: int) -> float:
         """Steps per second of an engine decoding half its slots (the concurrency probe)."""
         return 1.0 / _seconds_per_step(self._decoding(self.cfg.num_slots // 2, 199, n_steps + 20, settle=5), n_steps)
@@ -241,7 +343,7 @@ class EngineHost:
         """A fresh engine with ``rows`` requests, stepped ``settle`` times (prompts prefilled)."""
         eng = self._new()
         for i in range(rows):
-            eng.submit(Request(prompt=list(range(1, prompt_len + 1)), key=i, max_new_tokens=max_new))
+            eng.submit(Request(prompt=[j % 200 + 1 for j in range(prompt_len)], key=i, max_new_tokens=max_new))
         for _ in range(settle):
             eng.step()
         return eng
@@ -254,18 +356,27 @@ def _seconds_per_step(eng: PagedEngine, n_steps: int) -> float:
     return (time.perf_counter() - t0) / n_steps
 
 
-def sim_groups(w: Workload, seed: int, prompt_len: int, overhead_s: np.ndarray) -> list[SimGroup]:
-    """The benchmark's workload model at any size; tool latency = scripted sleep + a measured overhead."""
+def sim_groups(w: Workload, seed: int, prompt_len: int, overhead_s: np.ndarray,
+               program_s: dict[str, np.ndarray] | None = None, epoch: int = 1) -> list[SimGroup]:
+    """The benchmark's workload model at any size (``key``: the problem id). Tool latency: a sleep +
+    a measured overhead, or a program's measured latency (``program_s[name]``, drawn at random)."""
     rng = np.random.default_rng(10_000 + seed)
-    _, scripts = make_workload(w, seed)
+    problems, scripts = make_workload(w, seed, epoch)
     groups = []
-    for samples in scripts:
+    for p, samples in zip(problems, scripts):
         trajs = []
         for turns in samples:
             t = realized(turns, w.budget)
-            lat = tuple(s + float(rng.choice(overhead_s)) for s in t.tool_s)
+            lat = tuple(float(rng.choice(program_s[turns[i][2]])) if program_s and turns[i][2] in program_s
+                        else s + float(rng.choice(overhead_s)) for i, s in enumerate(t.tool_s))
             trajs.append(SimTrajectory(t.turns, lat, t.appended))
-        groups.append(SimGroup(prompt_len, tuple(trajs)))
+        groups.append(SimGroup(prompt_len, tuple(trajs), key=p.id))
     return groups
 
 
+def history(w: Workload, seed: int, epoch: int = 0) -> tuple[dict[str, list[int]], list[int]]:
+    """What an earlier epoch over the seed's problems left: final lengths per problem id (the
+    dynamic policy's long-first order) and all of them (the length model's seed)."""
+    problems, scripts = make_workload(w, seed, epoch)
+    by_key = {p.id: [realized(t, w.budget).tokens for t in samples] for p, samples in zip(problems, scripts)}
+    return by_key, [n for v in by_key.values() for n in v]

@@ -19,22 +19,36 @@ adaptive ratio, stays within the pool:
   footprints would reserve about twice what is ever used at once). Without a model (worst case) a
   trajectory reserves ``ceil((base + B) / Z)`` pages at every ``tau``.
 * ``AdaptiveRatio``: the forecast's scale, ``+up`` per preemption seen, ``*decay`` per admission.
+* ``residual``: the expected remaining tokens of a trajectory at ``u`` tokens whose problem runs
+  ``scale`` times as long as the batch's typical one (``L = scale * X``, ``X`` from the model):
+  ``scale * E[X - u / scale | X > u / scale]``; the long-first order of ``Policy.DYNAMIC``.
+* ``Policy``: ``STATIC`` (even split up front), ``CAPACITY`` (forecast reservation, rStar2's),
+  ``DYNAMIC`` (admit to the memory limit, long-first, least-loaded, optional migration).
 * ``AdmissionConfig``: these knobs, validated once; ``RolloutConfig`` and ``SimPolicy`` extend it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Iterable, Sequence
 
 import numpy as np
+
+
+class Policy(str, enum.Enum):
+    """How groups reach engines (``rollout.ledger`` documents each)."""
+
+    STATIC = "static"  # even contiguous split, everything handed over at once
+    CAPACITY = "capacity"  # head group to the engine with the most forecast capacity, if it fits (reservation)
+    DYNAMIC = "dynamic"  # long-first, to the engine that frees a slot first, up to the memory limit
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class AdmissionConfig:
     """How a dispatcher admits groups to engines (shared by the real dispatcher and the simulation)."""
 
-    policy: str = "capacity"  # or "static"
+    policy: Policy | str = Policy.CAPACITY  # a ``Policy`` or its value; stored as the ``Policy``
     reserve: str = "estimate"  # what a live trajectory reserves: "estimate" (learnt) or "budget" (worst case)
     prior_weight: float = 4.0  # pseudo-trajectories at the full budget in the length model
     reserve_sigma: float = 1.0  # safety margin: standard deviations of the forecast pages
@@ -44,11 +58,27 @@ class AdmissionConfig:
     ratio_up: float = 0.25  # added when a preemption is seen
     ratio_decay: float = 0.98  # multiplied per admission without preemption
     length_memory: int = 1  # batches whose final lengths seed the next batch's length model
+    # Policy.DYNAMIC only:
+    growth_reserve: float = 0.5  # kappa / ratio: share of the forecast growth (peak - now) to fit
+    migrate: bool = False  # a trajectory back from a tool may move (re-prefill) to a faster engine
+    migrate_margin: float = 0.25  # ... if its predicted finish there is this fraction earlier at least
+    history_weight: float = 2.0  # pseudo-lengths at the batch mean in a problem's predicted length
+    history_per_key: int = 16  # final lengths remembered per problem (across batches)
 
     def __post_init__(self) -> None:
         name = type(self).__name__
-        if self.policy not in ("capacity", "static"):
-            raise ValueError(f"{name}.policy must be 'capacity' or 'static', got {self.policy!r}")
+        try:
+            object.__setattr__(self, "policy", Policy(self.policy))
+        except ValueError:
+            raise ValueError(f"{name}.policy must be one of {[p.value for p in Policy]}, got {self.policy!r}") \
+                from None
+        if self.growth_reserve < 0:
+            raise ValueError(f"{name}.growth_reserve must be >= 0, got {self.growth_reserve}")
+        if not 0 <= self.migrate_margin < 1:
+            raise ValueError(f"{name}.migrate_margin must be in [0, 1), got {self.migrate_margin}")
+        if self.history_weight <= 0 or self.history_per_key < 1:
+            raise ValueError(f"{name}: need history_weight > 0 and history_per_key >= 1, got "
+                             f"{self.history_weight}, {self.history_per_key}")
         if self.reserve not in ("estimate", "budget"):
             raise ValueError(f"{name}.reserve must be 'estimate' or 'budget', got {self.reserve!r}")
         if self.length_memory < 1:
@@ -69,6 +99,8 @@ class LengthModel:
         self._live: dict[int, int] = {}  # id -> progress
         self._dirty = True
         self._s = np.zeros(budget + 1)
+        self._tail: np.ndarray | None = None
+        self._tail_of: np.ndarray | None = None
         for n in lengths:
             self.add(n)
 
@@ -95,6 +127,21 @@ class LengthModel:
     def lengths(self) -> list[int]:
         """The observed lengths (to seed the next batch's model)."""
         return np.repeat(np.arange(self.budget + 1), self.counts).tolist()
+
+    def mean(self) -> float:
+        """``E[L]`` under the survival (prior included): ``sum_x S(x)``."""
+        return float(self.survival().sum())
+
+    def residual(self, used: int, scale: float = 1.0) -> float:
+        """Expected remaining tokens of a trajectory at ``used`` tokens whose length is ``scale * X``
+        (``X`` ~ this model): ``scale * sum_{x >= v} S(x) / S(v)``, ``v = used / scale``; capped at
+        the budget's remainder, at least 1."""
+        s = self.survival()
+        if self._tail is None or self._tail_of is not s:
+            self._tail, self._tail_of = np.cumsum(s[::-1])[::-1], s  # sum_{x >= v} S(x)
+        v = min(int(used / max(scale, 1e-6)), self.budget)
+        rem = scale * (self._tail[v] / s[v] if s[v] > 0 else 0.0)
+        return float(min(max(rem, 1.0), max(self.budget - used, 1)))
 
     def survival(self) -> np.ndarray:
         """``f64[B + 1]``: ``P(L > x)`` for ``x = 0..B`` (Kaplan-Meier, prior included; ``S(B) = 0``)."""

@@ -6,15 +6,21 @@ the scoring stage's, ``rollout.score``). Each engine is driven by its own ``Engi
 the dispatcher thread owns every trajectory, admits work, routes tool calls to the sandbox pool
 asynchronously and feeds results back. Messages are ``rollout.messages`` dataclasses.
 
-Admission is the ``AdmissionLedger``'s (``rollout.ledger``, shared with the simulator): a
-problem's samples are one group (they share the prompt's pages); ``policy="capacity"`` places the
-head group on the engine with the most forecast capacity if it fits there, ``policy="static"``
-splits the groups evenly up front (KV overflow: the engine preempts the newest sequence, which
-recomputes later). The dispatcher's view of a live trajectory's progress is its tokens at its last
-turn boundary plus, while it generates, the engine steps seen since (one token per step at most).
-The ledger's length model and adaptive ratio persist across ``run`` calls: admission starts from
-what the policy does now, not from the pessimistic prior. A trajectory stays on its engine across
-turns; its forecast is dropped when it finishes, aborts or errors.
+Admission is the ``AdmissionLedger``'s (``rollout.ledger``, shared with the simulator): a problem's
+samples are one group (they share the prompt's pages); ``policy="capacity"`` places the head group
+on the engine with the most forecast capacity if it fits there, ``policy="static"`` splits the
+groups evenly up front (KV overflow: the engine preempts the newest sequence, which recomputes
+later), ``policy="dynamic"`` keeps the groups pending longest-predicted first and hands the head one
+to the engine that would finish its predicted work with it first, among those with a free slot and
+room (pages held now plus a share of the forecast growth, ``rollout.ledger``; overflow preempts),
+and with ``migrate`` a trajectory back from a tool may move to an engine where it is
+predicted to finish sooner (its context is prefilled there again; the seconds per step of each
+engine are measured from its steps). The dispatcher's view of a live trajectory's progress is its
+tokens at its last turn boundary plus, while it generates, the engine steps seen since (one token
+per step at most). The ledger's length model and adaptive ratio persist across ``run`` calls:
+admission starts from what the policy does now, not from the pessimistic prior, and it remembers
+each problem's final lengths (the long-first order). Unless it migrates, a trajectory stays on its
+engine across turns; its forecast is dropped when it finishes, aborts or errors.
 """
 
 from __future__ import annotations
@@ -23,11 +29,11 @@ import dataclasses
 import queue
 import time
 from collections import Counter, deque
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rstar2_jax.rollout.capacity import AdmissionConfig
+from rstar2_jax.rollout.capacity import AdmissionConfig, Policy
 from rstar2_jax.rollout.ledger import AdmissionLedger, EngineShape
 from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Refused, Release, Resume, Stepped, StopWorker,
                                          SubmitGroup, ToolDone)
@@ -73,21 +79,35 @@ class _Group:
     prompt: list[int]
     key: int
     engine: int = -1
+    problem: str = ""  # problem id: the ledger remembers lengths under it
+
+
+def _shape(engine: Engine) -> EngineShape:
+    """The ledger's view of an engine (slots and prefill chunk read from its config when it has one)."""
+    cfg = getattr(engine, "cfg", None)
+    return EngineShape(engine.page_size, engine.usable_pages, int(getattr(cfg, "num_slots", 0) or 0),
+                       int(getattr(cfg, "prefill_chunk", 0) or 0))
 
 
 class Dispatcher:
     """Runs batches of problems to finished trajectories over ``engines`` (see module docstring).
 
-    ``lengths``: final response lengths (tokens) of earlier trajectories, to seed the length model.
+    ``lengths``: final response lengths (tokens) of earlier trajectories, to seed the length model;
+    ``history``: final lengths per problem id from earlier batches (the dynamic policy's order);
+    ``step_s``: per engine, seconds per step known from earlier batches (the dynamic policy's
+    speeds before this dispatcher has measured its own; a moving average of its steps after).
     """
 
     def __init__(self, engines: Sequence[Engine], pool: Any, tokenizer: Tokenizer, cfg: RolloutConfig, *,
-                 lengths: Sequence[int] = ()):
+                 lengths: Sequence[int] = (), history: Mapping[str, Sequence[int]] | None = None,
+                 step_s: Sequence[float] | None = None):
         if not engines:
             raise ValueError("Dispatcher needs at least one engine")
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
-        self.ledger = AdmissionLedger(cfg, cfg.budget, [EngineShape(e.page_size, e.usable_pages) for e in engines],
-                                      lengths)
+        self.ledger = AdmissionLedger(cfg, cfg.budget, [_shape(e) for e in engines], lengths, history)
+        self._step_s = list(step_s) if step_s else [0.0] * len(self.engines)  # per engine, moving average
+        for e, x in enumerate(self._step_s):
+            self.ledger.set_step_s(e, x)
         markers = (tokenizer.eos_id, *cfg.template.stop_markers)
         self.stop_ids = tuple(sorted({i for m in markers if (i := self._id(m)) is not None}))
         self.stop_strings = tuple(m for m in cfg.template.stop_markers if self._id(m) is None)
@@ -112,9 +132,12 @@ class Dispatcher:
         self._budget = budget = self.cfg.budget if budget is None else budget
         trajs = self._build(problems, seed, budget, first_group)
         self.ledger.new_batch(budget, self._progress)
-        if self.cfg.policy == "static":
+        if self.cfg.policy is Policy.STATIC:
             for g, e in zip(self._pending, self.ledger.static_split(len(self._pending))):
                 g.engine = e
+        elif self.cfg.policy is Policy.DYNAMIC:
+            groups = list(self._pending)
+            self._pending = deque(groups[i] for i in self.ledger.long_first([g.problem for g in groups]))
         self._out: queue.Queue[Event] = queue.Queue()
         start = [e.stats() for e in self.engines]
         self._preempt = [s.preemptions for s in start]
@@ -154,11 +177,16 @@ class Dispatcher:
         self._mark: dict[int, int] = {}  # uid -> engine step when its current turn was handed over
         self._tool_latency: list[float] = []
         self._n_done = 0
+        self._engine_of: dict[int, int] = {}  # uid -> engine it runs on now
+        self._t_start: dict[int, float] = {}  # uid -> perf_counter at its first submission
+        self._t_end: dict[int, float] = {}
+        self._fresh_prefill = 0  # prompt tokens per submitted group + tool tokens appended
+        self._migrations, self._migrated_tokens = 0, 0
         max_len = min(e.max_seq_len for e in self.engines)
         for gi, p in enumerate(problems, start=first_group):
             text = str(getattr(p, "problem", "") or "")
             prompt = self.tok.encode(render_prompt(text, self.cfg.template))
-            group = _Group([], prompt, key=seed * 1_000_003 + gi)
+            group = _Group([], prompt, key=seed * 1_000_003 + gi, problem=str(getattr(p, "id", gi)))
             for _ in range(self.cfg.n_samples):
                 t = Trajectory(uid=len(trajs), group_id=gi, problem_id=str(getattr(p, "id", gi)),
                                gold=str(getattr(p, "answer", "")), prompt_tokens=prompt, budget=budget)
@@ -182,29 +210,35 @@ class Dispatcher:
     # -- admission ---------------------------------------------------------------------------------
     def _progress(self, uid: int) -> int:
         t = self._by_uid[uid]
-        e = self._group_of[uid].engine
+        e = self._engine_of[uid]
         return len(t.response_tokens) + (self._clock[e] - self._mark[uid] if t.status is Status.GENERATING else 0)
 
     def _admit(self) -> None:
         while self._pending:
             g = self._pending[0]
-            if self.cfg.policy != "static":
-                place = self.ledger.place(len(g.prompt), len(g.trajs))
+            if self.cfg.policy is not Policy.STATIC:
+                place = self.ledger.place(len(g.prompt), len(g.trajs), g.problem)
                 if place is None:
                     return  # wait for memory
                 g.engine = place.engine
                 if place.take < len(g.trajs):  # an empty engine takes the part of the group that fits
                     k = place.take
-                    self._pending[0] = _Group(g.trajs[k:], g.prompt, key=(g.key * 7919 + k) % (1 << 62))
-                    self._pending.appendleft(_Group(g.trajs[:k], g.prompt, key=g.key, engine=place.engine))
+                    self._pending[0] = _Group(g.trajs[k:], g.prompt, key=(g.key * 7919 + k) % (1 << 62),
+                                              problem=g.problem)
+                    self._pending.appendleft(_Group(g.trajs[:k], g.prompt, key=g.key, engine=place.engine,
+                                                    problem=g.problem))
             self._submit(self._pending.popleft())
 
     def _submit(self, g: _Group) -> None:
         e = g.engine
+        now = time.perf_counter()
         for t in g.trajs:
             self._group_of[t.uid] = g
+            self._engine_of[t.uid] = e
             self._mark[t.uid] = self._clock[e]
-        self.ledger.on_submit(e, g, len(g.prompt), [t.uid for t in g.trajs])
+            self._t_start.setdefault(t.uid, now)
+        self._fresh_prefill += len(g.prompt)
+        self.ledger.on_submit(e, g, len(g.prompt), [t.uid for t in g.trajs], g.problem)
         request = Request(prompt=g.prompt, key=g.key, max_new_tokens=self._budget, sampler=self.cfg.sampler,
                           stop_token_ids=self.stop_ids, stop_strings=self.stop_strings)
         self.workers[e].commands.put(SubmitGroup(g, request, len(g.trajs)))
@@ -214,6 +248,8 @@ class Dispatcher:
         if isinstance(msg, Stepped):
             e = msg.engine
             self._clock[e] += 1
+            self._step_s[e] = msg.step_s if not self._step_s[e] else 0.9 * self._step_s[e] + 0.1 * msg.step_s
+            self.ledger.set_step_s(e, self._step_s[e])
             if msg.preemptions > self._preempt[e]:
                 self.ledger.on_preemptions(msg.preemptions - self._preempt[e])
                 self._preempt[e] = msg.preemptions
@@ -252,7 +288,7 @@ class Dispatcher:
             self._finish(t, ev.seq_id)
             return
         self._mark[t.uid] = self._clock[e]
-        self.ledger.on_progress(e, t.uid)
+        self.ledger.on_progress(e, t.uid, waiting=True)
         if isinstance(t.pending_call, ToolCallError):
             self._on_tool(t, t.pending_call, 0.0)
             return
@@ -272,23 +308,54 @@ class Dispatcher:
         if tokens is None:
             self._finish(t, seq_id)
             return
+        self._fresh_prefill += len(tokens)
+        context = len(t.prompt_tokens) + len(t.response_tokens)
+        f = self.ledger.migration(e, t.uid, context, self._step_s) if all(self._step_s) else None
+        if f is not None:
+            self._migrate(t, e, seq_id, f)
+            return
         self._mark[t.uid] = self._clock[e]
         self.ledger.on_progress(e, t.uid)
         self.workers[e].commands.put(Resume(seq_id, tokens, t.remaining))
 
+    def _migrate(self, t: Trajectory, e: int, seq_id: int, f: int) -> None:
+        """Move ``t`` (back from a tool on ``e``) to ``f``: free it on ``e``, submit its whole context
+        (prompt + response so far, tool response included) to ``f`` as a one-sample group."""
+        context = list(t.prompt_tokens) + list(t.response_tokens)
+        self.workers[e].commands.put(Release(seq_id))
+        self._by_seq.pop((e, seq_id), None)
+        g = _Group([t], context, key=(self._group_of[t.uid].key * 31 + len(t.turns) * 7 + 1) % (1 << 62),
+                   engine=f, problem=self._group_of[t.uid].problem)
+        self.ledger.on_move(e, f, t.uid, len(context), len(t.response_tokens))
+        self._group_of[t.uid], self._engine_of[t.uid] = g, f
+        self._mark[t.uid] = self._clock[f]
+        self._migrations += 1
+        self._migrated_tokens += len(context)
+        request = Request(prompt=context, key=g.key, max_new_tokens=t.remaining, sampler=self.cfg.sampler,
+                          stop_token_ids=self.stop_ids, stop_strings=self.stop_strings)
+        self.workers[f].commands.put(SubmitGroup(g, request, 1))
+
     def _finish(self, t: Trajectory, seq_id: int | None) -> None:
         g = self._group_of.get(t.uid)
         self._n_done += 1
+        self._t_end[t.uid] = time.perf_counter()
         if g is None:
             return  # never admitted
+        e = self._engine_of[t.uid]
         if seq_id is not None:
-            self.workers[g.engine].commands.put(Release(seq_id))
-        self.ledger.on_finish(g.engine, t.uid, None if t.done_reason == "error" else len(t.response_tokens))
+            self.workers[e].commands.put(Release(seq_id))
+        self.ledger.on_finish(e, t.uid, None if t.done_reason == "error" else len(t.response_tokens))
 
     def _metrics(self, trajs: list[Trajectory], makespan: float, preempt0: list[int]) -> dict[str, Any]:
         sampled = sum(sum(t.loss_mask) for t in trajs)
         lat = np.asarray(self._tool_latency) if self._tool_latency else np.zeros(1)
+        traj_lat = np.asarray([self._t_end[u] - s for u, s in self._t_start.items() if u in self._t_end] or [0.0])
         return {
+            "traj_latency_p50_s": float(np.percentile(traj_lat, 50)),
+            "traj_latency_p90_s": float(np.percentile(traj_lat, 90)),  # first submission -> end
+            "fresh_prefill_tokens": self._fresh_prefill,  # prompts (once per group) + tool responses
+            "migrations": self._migrations, "migrated_tokens": self._migrated_tokens,  # contexts prefilled again
+            "policy": self.cfg.policy.value, "step_s": list(self._step_s),
             "makespan_s": makespan, "output_tokens": sampled, "tokens_per_s": sampled / max(makespan, 1e-9),
             "preemptions": int(sum(self._preempt) - sum(preempt0)),
             "idle_fraction": [max(0.0, 1 - w.busy_s / max(makespan, 1e-9)) for w in self.workers],

@@ -58,11 +58,13 @@ class Admitted:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Stepped:
-    """One engine step: the sequences that stopped, and the engine's preemption count after it."""
+    """One engine step: the sequences that stopped, the engine's preemption count after it, and
+    the step's seconds (the dispatcher's estimate of each engine's speed)."""
 
     engine: int
     events: tuple[StopEvent, ...]
     preemptions: int
+    step_s: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

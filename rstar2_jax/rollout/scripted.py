@@ -8,6 +8,10 @@ the engine's reason; ``cut`` may be overridden). The sampler log-probs it report
 engine's for the tokens it drew, not for the script's: train on such rollouts with
 ``old_logp_source="recompute"``.
 
+A trajectory that a dispatcher migrated arrives as a one-sample group whose prompt is its whole
+context so far; ``locate(prompt) -> (original prompt, child, turn) | None`` (optional) names the
+script's trajectory and turn it continues (None: a fresh prompt).
+
 Use: a dry-run whose random policy would never earn a reward (so RoC would drop every group and
 no update would run) gets rollouts with a known mix of right and wrong answers, and the whole
 rollout -> score -> RoC -> update path runs for real.
@@ -22,13 +26,14 @@ from rstar2_jax.sampling.engine import PagedEngine
 from rstar2_jax.sampling.interface import EngineStats, Request, StopEvent
 
 Script = Callable[[tuple[int, ...], int, int], Sequence[int]]  # (prompt ids, child index, turn) -> ids
+Locate = Callable[[tuple[int, ...]], "tuple[tuple[int, ...], int, int] | None"]
 
 
 class ScriptedPolicy:
     """See the module docstring."""
 
-    def __init__(self, engine: PagedEngine, script: Script):
-        self.engine, self.script = engine, script
+    def __init__(self, engine: PagedEngine, script: Script, locate: Locate | None = None):
+        self.engine, self.script, self.locate = engine, script, locate
         self._state: dict[int, list] = {}  # seq_id -> [prompt, child, turn, this turn's ids]
 
     @property
@@ -63,6 +68,15 @@ class ScriptedPolicy:
 
     def submit_group(self, request: Request, n: int) -> list[int]:
         prompt = tuple(int(t) for t in request.prompt)
+        found = self.locate(prompt) if self.locate is not None and n == 1 else None
+        if found is not None:  # a migrated trajectory: continue its script
+            orig, child, turn = found
+            ids = self._turn(orig, child, turn)
+            req = dataclasses.replace(request, stop_token_ids=(), stop_strings=(),
+                                      max_new_tokens=min(len(ids), request.max_new_tokens))
+            (sid,) = self.engine.submit_group(req, 1)
+            self._state[sid] = [orig, child, turn, ids]
+            return [sid]
         turns = [self._turn(prompt, i, 0) for i in range(n)]
         lens = [min(len(t), request.max_new_tokens) for t in turns]
         req = dataclasses.replace(request, stop_token_ids=(), stop_strings=(), max_new_tokens=max(lens))

@@ -1,8 +1,8 @@
 """Discrete-event simulation of rollout dispatch at a scale no test machine holds (pure Python).
 
 It replays scripted trajectories (sampled tokens per turn; tool latency and appended tokens after
-each call) on ``n_engines`` simulated engines that follow ``PagedEngine``'s rules, under the
-dispatcher's two policies (``rstar2_jax.rollout.dispatcher``):
+each call) on ``n_engines`` simulated engines (alike, or one ``SimEngine`` each: heterogeneous)
+that follow ``PagedEngine``'s rules, under the dispatcher's policies (``rstar2_jax.rollout.dispatcher``):
 
 * ``"capacity"``: the dispatcher's own admission code, the ``AdmissionLedger``
   (``rstar2_jax.rollout.ledger``): forecast pages per engine from its live trajectories' progress
@@ -11,19 +11,26 @@ dispatcher's two policies (``rstar2_jax.rollout.dispatcher``):
   per admission and rises on a preemption (``SimPolicy``).
 * ``"static"``: groups split evenly (contiguous, ``AdmissionLedger.static_split``) and all handed
   to their engine at once.
+* ``"dynamic"``: groups pending in the ledger's ``long_first`` order (``SimGroup.key`` names the
+  problem, ``history`` its earlier final lengths), the head one to the engine with a free slot and
+  pages now (``AdmissionLedger.place``); with ``migrate`` a sequence whose tool answered may move
+  to another engine (``AdmissionLedger.migration``, seconds per step = the engine's last step
+  cost): it frees its KV and recomputes its whole context there (``migrated_tokens``).
 
 Engine model (both policies): at most ``num_slots`` sequences sit in slots; a step gives each
 decoding sequence one token and feeds one ``prefill_chunk`` to each of the ``prefill_rows`` oldest
 sequences that still have uncached tokens (their prompt, a tool response or, after a preemption,
 everything: ``ceil(uncached / prefill_chunk)`` steps as a fed row; the others wait in their slots,
 as in ``PagedEngine``). A step takes ``step_s_fixed + step_s_per_row * rows + step_s_chunk * fed``
-seconds (``rows`` = decoders + fed). A sequence waiting for a tool leaves its slot but keeps its KV.
-Admission is strict FIFO by submission order and needs KV for the sequence's tokens; a full pool
-preempts the newest holder, which later recomputes its K/V. A group's full prompt pages are shared
-until a child is preempted. Time jumps from event to event (turn end, prefill done, pool full,
-tool answer): O(events x slots), no per-token loop.
+seconds (``rows`` = decoders + fed) plus ``step_s_per_kctx`` per thousand context tokens held by the
+rows (attention reads; the rows' total at the interval's start). A sequence waiting for a tool
+leaves its slot but keeps its KV. Admission is strict FIFO by submission order and needs KV for the
+sequence's tokens; a full pool preempts the newest holder, which later recomputes its K/V. A group's
+full prompt pages are shared until a child is preempted. Time jumps from event to event (turn end,
+prefill done, pool full, tool answer): O(events x slots), no per-token loop.
 
-Approximations (named): KV is counted in tokens plus half a page of slack per holder (not exact
+Approximations (named): step costs are constant between events (context growth within an interval
+not priced); KV is counted in tokens plus half a page of slack per holder (not exact
 pages), and admission leaves one token of room per active sequence; every child prefills its own
 prompt (the engine prefills a group's prompt once); a fed row samples its first token in the next
 step (the engine samples it with the last chunk); host overheads beyond the step costs are not
@@ -32,90 +39,22 @@ modelled.
 
 from __future__ import annotations
 
-import dataclasses
 import heapq
 import math
-from typing import Sequence
+from typing import Hashable, Mapping, Sequence
 
-from rstar2_jax.rollout.capacity import AdmissionConfig
+from rstar2_jax.rollout.capacity import Policy
 from rstar2_jax.rollout.ledger import AdmissionLedger, EngineShape
+from rstar2_jax.rollout.sim_types import SimEngine, SimGroup, SimPolicy, SimResult, SimTrajectory
+
+__all__ = ["SimEngine", "SimGroup", "SimPolicy", "SimResult", "SimTrajectory", "Simulator", "simulate"]
 
 _EPS = 1e-9
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class SimEngine:
-    """One simulated engine (all engines alike)."""
-
-    num_slots: int  # B: sequences decoding at once
-    usable_pages: int  # KV pages (null page excluded)
-    page_size: int  # Z: tokens per page
-    prefill_chunk: int  # C: tokens fed per prefill step
-    step_s_fixed: float  # seconds per step, independent of rows
-    step_s_per_row: float  # seconds per step per row (decoding or fed)
-    prefill_rows: int = 1  # sequences fed one chunk per step (oldest first)
-    step_s_chunk: float = 0.0  # seconds a fed chunk adds to its step beyond its row
-
-    def __post_init__(self) -> None:
-        for name in ("num_slots", "usable_pages", "page_size", "prefill_chunk", "prefill_rows"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"SimEngine.{name} must be >= 1, got {getattr(self, name)}")
-        if min(self.step_s_fixed, self.step_s_per_row, self.step_s_chunk) < 0 or \
-                self.step_s_fixed + self.step_s_per_row <= 0:
-            raise ValueError("SimEngine: step times must be >= 0 and step_s_fixed + step_s_per_row > 0")
-
-    def step_s(self, rows: int, fed: int = 0) -> float:
-        """Seconds of a step with ``rows`` rows, ``fed`` of them prefill chunks."""
-        return self.step_s_fixed + self.step_s_per_row * rows + self.step_s_chunk * fed
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SimPolicy(AdmissionConfig):
-    """Dispatch policy: the dispatcher's own admission knobs and defaults (``AdmissionConfig``)."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SimTrajectory:
-    """Scripted rollout: ``turns[i]`` sampled tokens; after turn ``i < len(turns) - 1`` a tool call
-    of ``tool_s[i]`` seconds whose response appends ``appended[i]`` tokens."""
-
-    turns: tuple[int, ...]
-    tool_s: tuple[float, ...] = ()
-    appended: tuple[int, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.turns or min(self.turns) < 1:
-            raise ValueError(f"SimTrajectory.turns must be non-empty positive counts, got {self.turns}")
-        if not len(self.tool_s) == len(self.appended) == len(self.turns) - 1:
-            raise ValueError("SimTrajectory: need one tool_s and appended per turn but the last")
-
-    @property
-    def tokens(self) -> int:
-        return sum(self.turns) + sum(self.appended)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class SimGroup:
-    prompt_len: int
-    trajs: tuple[SimTrajectory, ...]
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SimResult:
-    makespan_s: float
-    finish_s: list[float]  # per engine: when its last trajectory finished
-    busy_s: list[float]  # per engine: time with at least one sequence in a slot
-    idle_fraction: list[float]  # 1 - busy / makespan
-    mean_rows: list[float]  # time-averaged sequences in slots while busy
-    peak_pages: list[float]  # max KV in use (tokens / Z, slack included)
-    mean_pages: list[float]  # KV in use averaged over the makespan (pages)
-    preemptions: int
-    recomputed_tokens: float  # tokens fed again after preemptions
-
-
 class _Seq:
     __slots__ = ("spec", "group", "order", "engine", "turn", "pre", "dec", "total", "mem", "uncached", "shares",
-                 "resp", "tool")
+                 "resp", "tool", "t0")
 
     def __init__(self, spec: SimTrajectory, group: "_Group", order: tuple[int, int]):
         self.spec, self.group, self.order, self.engine, self.turn = spec, group, order, -1, 0
@@ -127,6 +66,7 @@ class _Seq:
         self.shares = True  # uses the group's shared prompt pages
         self.resp = 0  # response tokens at its last turn boundary
         self.tool = False  # waiting for a tool
+        self.t0 = -1.0  # first submission
 
     @property
     def progress(self) -> int:
@@ -135,23 +75,23 @@ class _Seq:
 
 
 class _Group:
-    __slots__ = ("prompt_len", "shared", "seqs", "sharers", "__weakref__")
+    __slots__ = ("prompt_len", "shared", "seqs", "sharers", "key", "__weakref__")
 
-    def __init__(self, prompt_len: int, page_size: int):
-        self.prompt_len = prompt_len
+    def __init__(self, prompt_len: int, page_size: int, key: Hashable = None):
+        self.prompt_len, self.key = prompt_len, key
         self.shared = (prompt_len // page_size) * page_size  # full prompt pages, held once
         self.seqs: list[_Seq] = []
         self.sharers = 0
 
     @staticmethod
     def make(g: SimGroup, idx: int, page_size: int) -> "_Group":
-        out = _Group(g.prompt_len, page_size)
+        out = _Group(g.prompt_len, page_size, g.key)
         out.seqs = [_Seq(t, out, (idx, i)) for i, t in enumerate(g.trajs)]
         return out
 
     def split(self, k: int, page_size: int) -> tuple["_Group", "_Group"]:
         """The first ``k`` samples and the rest, as two groups (each shares its own prompt pages)."""
-        parts = (_Group(self.prompt_len, page_size), _Group(self.prompt_len, page_size))
+        parts = (_Group(self.prompt_len, page_size, self.key), _Group(self.prompt_len, page_size, self.key))
         for part, seqs in zip(parts, (self.seqs[:k], self.seqs[k:])):
             part.seqs = seqs
             for s in seqs:
@@ -160,9 +100,13 @@ class _Group:
 
 
 class _Eng:
-    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "finish", "kv_s")
+    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "finish", "kv_s",
+                 "spec", "cap", "last_step_s", "timeline")
 
-    def __init__(self):
+    def __init__(self, spec: SimEngine):
+        self.spec, self.cap = spec, spec.usable_pages * spec.page_size
+        self.last_step_s = spec.step_s(1)
+        self.timeline: list[tuple[float, float]] = []
         self.active: list[_Seq] = []
         self.queue: list[tuple] = []  # heap of (order, seq): strict FIFO by submission order
         self.holders: set[_Seq] = set()
@@ -174,25 +118,36 @@ class Simulator:
     """One simulated batch (see the module docstring): ``Simulator(...).run()`` -> ``SimResult``.
     Admission is an ``AdmissionLedger``'s, the same class and calls as the real dispatcher's."""
 
-    def __init__(self, groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, budget: int,
-                 policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = ()):
-        self.z, self.c = engine.page_size, engine.prefill_chunk
-        self.engine, self.budget, self.policy = engine, budget, policy
-        self.cap_tokens = engine.usable_pages * self.z
+    def __init__(self, groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine | Sequence[SimEngine],
+                 budget: int, policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = (),
+                 history: Mapping[Hashable, Sequence[int]] | None = None, timeline: bool = False):
+        specs = [engine] * n_engines if isinstance(engine, SimEngine) else list(engine)
+        if len(specs) != n_engines or len({sp.page_size for sp in specs}) != 1:
+            raise ValueError(f"simulate: need {n_engines} engines of one page size, got {len(specs)}")
+        self.z = specs[0].page_size
+        self.budget, self.policy, self.record = budget, policy, timeline
         self.slack = (self.z - 1) / 2  # mean unused tail of a sequence's last page
         for g in groups:
-            if g.prompt_len + budget + self.slack > self.cap_tokens:
+            if g.prompt_len + budget + self.slack > min(sp.usable_pages for sp in specs) * self.z:
                 raise ValueError(f"simulate: a sequence of {g.prompt_len} + {budget} tokens never fits one engine")
         self.n_engines = n_engines
-        self.engs = [_Eng() for _ in range(n_engines)]
+        self.engs = [_Eng(sp) for sp in specs]
         self.gs = [_Group.make(g, i, self.z) for i, g in enumerate(groups)]
-        self.pending = list(reversed(self.gs))  # capacity: groups not yet admitted (pop from the end)
         self.heap: list[tuple] = []
         self.counter = 0
         self.n_left = sum(len(g.seqs) for g in self.gs)
-        self.ledger = AdmissionLedger(policy, budget, [EngineShape(self.z, engine.usable_pages)] * n_engines, lengths)
+        shapes = [EngineShape(self.z, sp.usable_pages, sp.num_slots, sp.prefill_chunk) for sp in specs]
+        self.ledger = AdmissionLedger(policy, budget, shapes, lengths, history)
+        for i, sp in enumerate(specs):  # the speeds a long-lived dispatcher has measured: one-row steps
+            self.ledger.set_step_s(i, sp.step_s(1))
         self.ledger.new_batch(budget, progress=self.progress)
+        order = self.ledger.long_first([g.key for g in self.gs]) if policy.policy is Policy.DYNAMIC \
+            else range(len(self.gs))
+        self.pending = [self.gs[i] for i in reversed(list(order))]  # groups not yet admitted (pop from the end)
         self.preemptions, self.recomputed = 0, 0.0
+        self.migrations, self.migrated = 0, 0.0
+        self.latency: list[float] = []
+        self.next_order = len(self.gs)  # a migrated sequence queues as the newest on its new engine
         self.now = 0.0  # the event being handled
 
     def push(self, t: float, kind: str, obj) -> None:
@@ -212,14 +167,31 @@ class Simulator:
         self.advance(e, now)
         for s in g.seqs:
             s.engine = idx
+            s.t0 = now
             heapq.heappush(e.queue, (s.order, s))
-        self.ledger.on_submit(idx, g, g.prompt_len, g.seqs)
+        self.ledger.on_submit(idx, g, g.prompt_len, g.seqs, g.key)
+        self.reschedule(idx, now)
+
+    def migrate(self, s: _Seq, idx: int, now: float) -> None:
+        """Move ``s`` (its tool answered, response appended) to engine ``idx``: its KV is freed and
+        its whole context recomputed there, as a new submission."""
+        old = self.engs[s.engine]
+        self.free(old, s)
+        self.ledger.on_move(s.engine, idx, s, int(s.total), s.resp)
+        self.migrations += 1
+        self.migrated += s.total - s.uncached  # cached tokens fed again (the response is new either way)
+        s.uncached = s.total
+        s.engine, s.order = idx, (self.next_order, 0)
+        self.next_order += 1
+        e = self.engs[idx]
+        self.advance(e, now)
+        heapq.heappush(e.queue, (s.order, s))
         self.reschedule(idx, now)
 
     def admit(self, now: float) -> None:
         while self.pending:
             g = self.pending[-1]
-            place = self.ledger.place(g.prompt_len, len(g.seqs))
+            place = self.ledger.place(g.prompt_len, len(g.seqs), g.key)
             if place is None:
                 return  # wait for memory
             if place.take < len(g.seqs):  # an empty engine takes the part of the group that fits
@@ -234,7 +206,7 @@ class Simulator:
         if e.active:
             dt = now - e.t_last
             fed, decoders = self.lanes(e)
-            steps = dt / self.engine.step_s(len(decoders) + len(fed), len(fed))
+            steps = dt / self.step_cost(e, fed, decoders)
             for s in fed:  # events fall where a fed row's prefill ends: it never turns decoder mid-interval
                 s.pre = max(s.pre - steps, 0.0)
             for s in decoders:
@@ -251,7 +223,7 @@ class Simulator:
     def lanes(self, e: _Eng) -> tuple[list[_Seq], list[_Seq]]:
         """The sequences fed a chunk this step (the ``prefill_rows`` oldest with uncached tokens) and
         the decoding ones."""
-        fed = sorted((s for s in e.active if s.pre > _EPS), key=lambda s: s.order)[:self.engine.prefill_rows]
+        fed = sorted((s for s in e.active if s.pre > _EPS), key=lambda s: s.order)[:e.spec.prefill_rows]
         return fed, [s for s in e.active if s.pre <= _EPS]
 
     @staticmethod
@@ -302,17 +274,17 @@ class Simulator:
         return True
 
     def fill(self, e: _Eng) -> None:
-        while e.queue and len(e.active) < self.engine.num_slots:
+        while e.queue and len(e.active) < e.spec.num_slots:
             s = e.queue[0][1]
             # Room for its tokens plus one per active sequence (a step's growth): an exact fit would be
             # preempted again at the same instant.
-            if e.used + self.alloc_need(s) + len(e.active) > self.cap_tokens + _EPS:
+            if e.used + self.alloc_need(s) + len(e.active) > e.cap + _EPS:
                 if not e.active and self.preempt(e, exclude=s):
                     continue  # only paused sequences hold memory: make room
                 return  # strict FIFO: wait for memory
             heapq.heappop(e.queue)
             self.hold(e, s)
-            s.pre = float(math.ceil(s.uncached / self.c - _EPS))
+            s.pre = float(math.ceil(s.uncached / e.spec.prefill_chunk - _EPS))
             s.uncached = 0.0
             e.active.append(s)
 
@@ -320,31 +292,39 @@ class Simulator:
         e = self.engs[idx]
         self.fill(e)
         e.version += 1
+        if self.record and (not e.timeline or e.timeline[-1][1] != e.used / self.z):
+            e.timeline.append((now, e.used / self.z))
         if not e.active:
             return
         fed, decoders = self.lanes(e)
         k = min([s.pre for s in fed] + [s.dec for s in decoders])
         if decoders:
-            k = min(k, max(self.cap_tokens - e.used, 0.0) / len(decoders))
-        self.push(now + max(k, 0.0) * self.engine.step_s(len(decoders) + len(fed), len(fed)), "engine",
-                  (idx, e.version))
+            k = min(k, max(e.cap - e.used, 0.0) / len(decoders))
+        e.last_step_s = self.step_cost(e, fed, decoders)
+        self.push(now + max(k, 0.0) * e.last_step_s, "engine", (idx, e.version))
+
+    @staticmethod
+    def step_cost(e: _Eng, fed: list[_Seq], decoders: list[_Seq]) -> float:
+        ctx = sum(s.total for s in decoders) + sum(s.total for s in fed) if e.spec.step_s_per_kctx else 0.0
+        return e.spec.step_s(len(decoders) + len(fed), len(fed), ctx)
 
     def end_turn(self, idx: int, s: _Seq, now: float) -> bool:
         e = self.engs[idx]
         s.resp += s.spec.turns[s.turn]
         if s.turn < len(s.spec.turns) - 1:
             s.tool = True
-            self.ledger.on_progress(idx, s)
+            self.ledger.on_progress(idx, s, waiting=True)
             self.push(now + s.spec.tool_s[s.turn], "tool", s)
             return False
         self.ledger.on_finish(idx, s, s.resp)
         self.free(e, s)
+        self.latency.append(now - s.t0)
         e.finish = now
         return True
 
     # -- the event loop -----------------------------------------------------------------------------
     def run(self) -> SimResult:
-        if self.policy.policy == "static":
+        if self.policy.policy is Policy.STATIC:
             for g, idx in zip(self.gs, self.ledger.static_split(len(self.gs))):
                 self.submit(g, idx, 0.0)
             self.pending.clear()
@@ -366,11 +346,11 @@ class Simulator:
                 e.active = [s for s in e.active if not (s.pre <= _EPS and s.dec <= _EPS)]
                 done = sum(self.end_turn(idx, s, now) for s in ended)
                 self.n_left -= done
-                if e.active and self.cap_tokens - e.used <= _EPS and any(s.pre <= _EPS for s in e.active):
+                if e.active and e.cap - e.used <= _EPS and any(s.pre <= _EPS for s in e.active):
                     self.preempt(e)  # a decoder needs a page and none is free
                 self.reschedule(idx, now)
-                if done and self.pending:
-                    self.admit(now)
+                if self.pending and (done or (ended and self.policy.policy is Policy.DYNAMIC)):
+                    self.admit(now)  # dynamic: a sequence that went to a tool freed a slot
             else:  # a tool answered: the response is appended and the next turn queues
                 s = obj
                 e = self.engs[s.engine]
@@ -381,7 +361,12 @@ class Simulator:
                 s.turn += 1
                 s.dec = float(s.spec.turns[s.turn])
                 s.tool = False
+                steps = [x.last_step_s if x.active else x.spec.step_s(1) for x in self.engs]
+                f = self.ledger.migration(s.engine, s, int(s.total), steps)
                 self.ledger.on_progress(s.engine, s)
+                if f is not None:
+                    self.migrate(s, f, now)
+                    continue
                 heapq.heappush(e.queue, (s.order, s))
                 self.reschedule(s.engine, now)
         engs, z = self.engs, self.z
@@ -391,11 +376,19 @@ class Simulator:
                          mean_rows=[e.row_s / e.busy if e.busy else 0.0 for e in engs],
                          peak_pages=[float(e.peak) / z for e in engs],
                          mean_pages=[e.kv_s / now / z if now else 0.0 for e in engs], preemptions=self.preemptions,
-                         recomputed_tokens=float(self.recomputed))
+                         recomputed_tokens=float(self.recomputed), latency_s=self.latency,
+                         migrations=self.migrations, migrated_tokens=float(self.migrated),
+                         processed_tokens=float(sum(len(g.seqs) * g.prompt_len + sum(t.spec.tokens for t in g.seqs)
+                                                    for g in self.gs) + self.recomputed + self.migrated),
+                         timeline=[e.timeline for e in engs])
 
 
-def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine, budget: int,
-             policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = ()) -> SimResult:
+def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine | Sequence[SimEngine], budget: int,
+             policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = (),
+             history: Mapping[Hashable, Sequence[int]] | None = None, timeline: bool = False) -> SimResult:
     """Run every trajectory to its end; see the module docstring for the model. ``lengths``:
-    earlier batches' final response lengths, seeding the length model (as ``Dispatcher``'s)."""
-    return Simulator(groups, n_engines=n_engines, engine=engine, budget=budget, policy=policy, lengths=lengths).run()
+    earlier batches' final response lengths, seeding the length model (as ``Dispatcher``'s);
+    ``history``: final lengths per problem key (the dynamic policy's order); ``timeline``: record
+    each engine's KV pages over time."""
+    return Simulator(groups, n_engines=n_engines, engine=engine, budget=budget, policy=policy, lengths=lengths,
+                     history=history, timeline=timeline).run()

@@ -46,10 +46,11 @@ class EngineWorker(threading.Thread):
                 continue  # drain all pending commands before stepping
             t = time.perf_counter()
             events = self.engine.step()
-            self.busy_s += time.perf_counter() - t
+            dt = time.perf_counter() - t
+            self.busy_s += dt
             st = self.engine.stats()
             self.timeline.append((time.perf_counter() - self.t0, st.kv_pages_in_use))
-            self.out.put(Stepped(self.idx, tuple(events), st.preemptions))
+            self.out.put(Stepped(self.idx, tuple(events), st.preemptions, dt))
 
     def _apply(self, cmd: Command) -> None:
         try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Callable
 
 from rstar2_jax.sampling import EngineStats, StopEvent
@@ -12,19 +13,23 @@ from rstar2_jax.sampling import EngineStats, StopEvent
 class _Cfg:
     page_size: int = 16
     max_seq_len: int = 4096
+    num_slots: int = 0  # 0: unlimited (what the dispatcher's ledger reads)
 
 
 class ScriptedEngine:
-    """``script(problem_tokens, child_index, turn_index) -> turn text``; one whole turn per step.
+    """``script(problem_tokens, child_index, turn_index) -> turn text``; one whole turn per step
+    (each step sleeps ``step_s``: a slower engine). A migrated trajectory arrives as a fresh
+    one-sample group whose prompt is its whole context (child 0, turn 0).
 
     With ``honor_stops`` the turn is cut after the first stop token (as a real engine does);
     without it the whole scripted turn is emitted (e.g. two tool calls in one turn).
     """
 
     def __init__(self, tokenizer, script: Callable[[list[int], int, int], str], *, honor_stops: bool = True,
-                 num_pages: int = 1024, page_size: int = 16, max_seq_len: int = 4096):
-        self.tok, self.script, self.honor_stops = tokenizer, script, honor_stops
-        self.cfg = _Cfg(page_size, max_seq_len)
+                 num_pages: int = 1024, page_size: int = 16, max_seq_len: int = 4096, num_slots: int = 0,
+                 step_s: float = 0.0):
+        self.tok, self.script, self.honor_stops, self.step_s = tokenizer, script, honor_stops, step_s
+        self.cfg = _Cfg(page_size, max_seq_len, num_slots)
         self.num_pages = num_pages
         self._seqs: dict[int, dict] = {}
         self._active: list[int] = []
@@ -75,6 +80,8 @@ class ScriptedEngine:
         return bool(self._active)
 
     def step(self) -> list[StopEvent]:
+        if self.step_s:
+            time.sleep(self.step_s)  # a slower device
         events = []
         for sid in self._active:
             s = self._seqs[sid]

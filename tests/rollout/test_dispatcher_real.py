@@ -89,6 +89,24 @@ def test_capacity_rollout_completes_without_leak_overflow_or_preemption(policy, 
     assert min(m["kv_peak_pages"]) > ECFG.num_pages // 2
 
 
+def test_dynamic_rollout_completes_without_leak_or_overflow(policy, pool):
+    # The oversubscribed workload under the dynamic policy: admitted to the memory limit (pages now plus
+    # a share of the forecast growth), preemption the safety valve; every page released, KV never above
+    # the pool, both engines used, and every preemption's recompute visible in the prefill count.
+    res, engines = _rollout(policy, pool, "dynamic")
+    _assert_clean(res, engines)
+    m = res.metrics
+    assert m["policy"] == "dynamic" and m["migrations"] == 0
+    for timeline, total in zip(res.timeline, m["kv_total_pages"]):
+        assert timeline and all(0 <= used <= total for _, used in timeline)
+        assert timeline[-1][1] == 0
+    assert min(m["kv_peak_pages"]) > ECFG.num_pages // 2
+    prefill = sum(e.stats().prefill_tokens for e in engines)
+    assert prefill >= m["fresh_prefill_tokens"]  # prompts once per group + tool responses, + any recompute
+    if m["preemptions"] == 0:
+        assert prefill - m["fresh_prefill_tokens"] <= len(res.trajectories)  # nothing recomputed beyond a token each
+
+
 def test_static_rollout_completes_when_each_share_fits(policy, pool):
     # 4 groups (2 per engine, ~76 of 95 pages): the even split runs to completion on real engines.
     res, engines = _rollout(policy, pool, "static", problems=PROBLEMS[:4])

@@ -1,0 +1,86 @@
+"""The simulator's inputs and outputs (frozen dataclasses; ``rollout.simulate`` runs them)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Hashable
+
+from rstar2_jax.rollout.capacity import AdmissionConfig
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class SimEngine:
+    """One simulated engine."""
+
+    num_slots: int  # B: sequences decoding at once
+    usable_pages: int  # KV pages (null page excluded)
+    page_size: int  # Z: tokens per page
+    prefill_chunk: int  # C: tokens fed per prefill step
+    step_s_fixed: float  # seconds per step, independent of rows
+    step_s_per_row: float  # seconds per step per row (decoding or fed)
+    prefill_rows: int = 1  # sequences fed one chunk per step (oldest first)
+    step_s_chunk: float = 0.0  # seconds a fed chunk adds to its step beyond its row
+    step_s_per_kctx: float = 0.0  # seconds per step per 1000 context tokens of its rows
+
+    def __post_init__(self) -> None:
+        for name in ("num_slots", "usable_pages", "page_size", "prefill_chunk", "prefill_rows"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"SimEngine.{name} must be >= 1, got {getattr(self, name)}")
+        if min(self.step_s_fixed, self.step_s_per_row, self.step_s_chunk, self.step_s_per_kctx) < 0 or \
+                self.step_s_fixed + self.step_s_per_row <= 0:
+            raise ValueError("SimEngine: step times must be >= 0 and step_s_fixed + step_s_per_row > 0")
+
+    def step_s(self, rows: int, fed: int = 0, ctx: float = 0.0) -> float:
+        """Seconds of a step with ``rows`` rows, ``fed`` of them prefill chunks, ``ctx`` context tokens."""
+        return (self.step_s_fixed + self.step_s_per_row * rows + self.step_s_chunk * fed
+                + self.step_s_per_kctx * ctx / 1e3)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimPolicy(AdmissionConfig):
+    """Dispatch policy: the dispatcher's own admission knobs and defaults (``AdmissionConfig``)."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimTrajectory:
+    """Scripted rollout: ``turns[i]`` sampled tokens; after turn ``i < len(turns) - 1`` a tool call
+    of ``tool_s[i]`` seconds whose response appends ``appended[i]`` tokens."""
+
+    turns: tuple[int, ...]
+    tool_s: tuple[float, ...] = ()
+    appended: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.turns or min(self.turns) < 1:
+            raise ValueError(f"SimTrajectory.turns must be non-empty positive counts, got {self.turns}")
+        if not len(self.tool_s) == len(self.appended) == len(self.turns) - 1:
+            raise ValueError("SimTrajectory: need one tool_s and appended per turn but the last")
+
+    @property
+    def tokens(self) -> int:
+        return sum(self.turns) + sum(self.appended)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class SimGroup:
+    prompt_len: int
+    trajs: tuple[SimTrajectory, ...]
+    key: Hashable = None  # the problem (the ledger remembers final lengths under it)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SimResult:
+    makespan_s: float
+    finish_s: list[float]  # per engine: when its last trajectory finished
+    busy_s: list[float]  # per engine: time with at least one sequence in a slot
+    idle_fraction: list[float]  # 1 - busy / makespan
+    mean_rows: list[float]  # time-averaged sequences in slots while busy
+    peak_pages: list[float]  # max KV in use (tokens / Z, slack included)
+    mean_pages: list[float]  # KV in use averaged over the makespan (pages)
+    preemptions: int
+    recomputed_tokens: float  # tokens fed again after preemptions
+    latency_s: list[float] = dataclasses.field(default_factory=list)  # per trajectory: first submission -> end
+    migrations: int = 0
+    migrated_tokens: float = 0.0  # contexts fed again on the engine a sequence moved to
+    processed_tokens: float = 0.0  # every token fed or sampled (prompts once per child, recompute included)
+    timeline: list[list[tuple[float, float]]] = dataclasses.field(default_factory=list)  # per engine: (s, pages)
