@@ -133,6 +133,7 @@ class _Worker:
             self.kill()
             raise RuntimeError(f"sandbox worker failed to start: {info}")
         self.isolation = Isolation(**info["isolation"])
+        self.notes = {k: info[k] for k in ("root_error", "seccomp_error") if info.get(k)}  # why a layer is off
         self.init_pid = info["host_pid"]
         self.fd = self.conn.fileno()
         self.poller = select.poll()
@@ -198,7 +199,7 @@ class _Slot(threading.Thread):
     def _start_worker(self) -> None:
         self.worker = None
         self.worker = _Worker(self.pool._ctx, self.pool.limits, self.index)
-        self.pool._note_isolation(self.worker.isolation)
+        self.pool._note_isolation(self.worker.isolation, self.worker.notes)
 
     def run(self) -> None:  # noqa: D401 - thread body
         try:
@@ -262,6 +263,7 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._closed = False
         self._isolation: Isolation | None = None
+        self._isolation_notes: dict[str, str] = {}
         self._calls = 0
         self._restarts = 0
         self._pending = 0
@@ -318,10 +320,10 @@ class SandboxPool:
         with self._lock:
             self._restarts += 1
 
-    def _note_isolation(self, isolation: Isolation) -> None:
+    def _note_isolation(self, isolation: Isolation, notes: dict[str, str]) -> None:
         with self._lock:
             if self._isolation is None:
-                self._isolation = isolation
+                self._isolation, self._isolation_notes = isolation, notes
 
     @property
     def isolation(self) -> Isolation | None:
@@ -348,6 +350,7 @@ class SandboxPool:
                 "restarts": self._restarts,
                 "isolation": self._isolation.mode if self._isolation else None,
                 "isolation_detail": dataclasses.asdict(self._isolation) if self._isolation else None,
+                "isolation_notes": dict(self._isolation_notes),  # why a requested layer is off (root_error, ...)
                 "closed": self._closed,
             }
         stats["alive_workers"] = sum(1 for s in self._slots if s.worker is not None and s.worker.alive())
