@@ -38,7 +38,7 @@ def test_host_files_planted_in_tmp_and_in_the_checkout_are_invisible(ns_pool):
             import os
             paths = {planted + [os.path.join(CHECKOUT, "README.md"), "/home", "/etc/shadow"]!r}
             print([os.path.exists(p) for p in paths], os.listdir({CHECKOUT!r}))
-            print(sorted(os.listdir("/tmp")), sorted(os.listdir("/dev")))
+            print((sorted(os.listdir("/tmp")), sorted(os.listdir("/dev"))))
             print([line.split(":")[0] for line in open("/etc/passwd")])
         """)
         r = run_checked(ns_pool, src)
