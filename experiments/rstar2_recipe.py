@@ -14,6 +14,7 @@ atomic) every ``ckpt_every`` steps and at every transition; ``--resume`` continu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -40,7 +41,8 @@ from rstar2_jax.rollout.scripted import ScriptedPolicy
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature
-from rstar2_jax.sandbox import SandboxLimits, SandboxPool
+from rstar2_jax.sandbox import SandboxLimits
+from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.sft import SFTConfig, train_sft
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
 from rstar2_jax.utils.compiles import CompileCounter
@@ -55,6 +57,9 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--sandbox-backend", default=None, choices=("local", "ray"),
+                    help="override the config's sandbox_backend (ray: one sandbox actor per Ray node)")
+    ap.add_argument("--ray-address", default=None, help="override the config's ray_address")
     args = ap.parse_args(argv)
     if not args.dry_run and not args.config:
         ap.error("give --config PATH (full scale) or --dry-run")
@@ -110,13 +115,17 @@ def rl_config(cfg: RecipeConfig) -> RLConfig:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     cfg = RecipeConfig.dry_run() if args.dry_run else RecipeConfig.from_json(args.config)
+    overrides = {k: v for k, v in (("sandbox_backend", args.sandbox_backend), ("ray_address", args.ray_address))
+                 if v is not None}
+    cfg = dataclasses.replace(cfg, **overrides) if overrides else cfg
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe_config.json").write_text(json.dumps(cfg.to_json(), indent=2, default=str))
     show = not args.no_progress
     mesh = None if args.dry_run else make_mesh(cfg.mesh)
     limits = SandboxLimits(wall_s=5.0, cpu_s=5.0, memory_mb=2048, preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
-    with SandboxPool(workers=cfg.sandbox_workers, limits=limits) as pool:
+    with open_pool(cfg.sandbox_backend, workers=cfg.sandbox_workers, limits=limits,
+                   ray_address=cfg.ray_address) as pool:
         if args.dry_run:
             graphdef, params, mcfg, tok, tpl, sft_path, rl_path = setup_dry_run(cfg, out, pool, args.seed)
         else:

@@ -63,7 +63,9 @@ class RecipeConfig:
     engines: int = 8
     slots: int = 64
     kv_memory_gb: float = 40.0
-    sandbox_workers: int = 64
+    sandbox_workers: int = 64  # local: the pool's workers; ray: workers per node (capped at its CPUs)
+    sandbox_backend: str = "local"  # "local" (embedded SandboxPool) or "ray" (RaySandboxPool, docs/sandbox_cluster.md)
+    ray_address: str | None = None  # ray backend: ray.init(address=...) (None: a local Ray instance)
     ckpt_every: int = 10
     template: str = "full"  # "full" rStar2 prompt, or "toy"
 
@@ -84,6 +86,8 @@ class RecipeConfig:
                 raise ValueError(f"RecipeConfig.{name} must be >= 0, got {getattr(self, name)}")
         if not 0 <= self.trunc_target <= 1 or self.trunc_tol < 0:
             raise ValueError("RecipeConfig.trunc_target must be in [0, 1] and trunc_tol >= 0")
+        if self.sandbox_backend not in ("local", "ray"):
+            raise ValueError(f"RecipeConfig.sandbox_backend must be 'local' or 'ray', got {self.sandbox_backend!r}")
         if self.template not in ("full", "toy"):
             raise ValueError(f"RecipeConfig.template must be 'full' or 'toy', got {self.template!r}")
 

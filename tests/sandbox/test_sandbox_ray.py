@@ -12,6 +12,7 @@ import pytest
 from sandbox_checks import FAST, HOSTILE_CALLS, SAME_RESULT_CALLS, comparable, requests
 
 from rstar2_jax.sandbox import CodeRequest
+from rstar2_jax.sandbox.backend import open_pool
 
 ray = pytest.importorskip("ray")
 from rstar2_jax.sandbox.cluster import ClusterConfig, RaySandboxPool, SandboxBusyError  # noqa: E402
@@ -26,8 +27,19 @@ def ray_local():
 
 @pytest.fixture(scope="module")
 def ray_pool(ray_local):
-    with RaySandboxPool(limits=FAST, config=ClusterConfig(workers_per_node=1)) as pool:
+    with open_pool("ray", workers=1, limits=FAST) as pool:  # what the demo's --sandbox-backend ray builds
+        assert isinstance(pool, RaySandboxPool) and pool.config.workers_per_node == 1
         yield pool
+
+
+def test_backend_by_name_and_recipe_config():
+    from rstar2_jax.recipe import RecipeConfig
+
+    with pytest.raises(ValueError, match="sandbox backend must be one of"):
+        open_pool("kubernetes", workers=1, limits=FAST)
+    with pytest.raises(ValueError, match="RecipeConfig.sandbox_backend"):
+        RecipeConfig(sandbox_backend="kubernetes")
+    assert RecipeConfig().sandbox_backend == "local"  # the embedded pool stays the default
 
 
 def test_config_validation_names_the_field():
