@@ -83,7 +83,8 @@ def drive(pool, calls, inflight: int, desc: str) -> dict:
     bar.close()
     lost = sum(r is None or r.status == "sandbox_error" for r in results)
     wrong = [(i, exp, r) for i, ((_, exp, out), r) in enumerate(zip(calls, results))
-             if r is not None and r.status != "sandbox_error" and (r.status != exp or (out is not None and r.stdout != out))]
+             if r is not None and r.status != "sandbox_error"
+             and (r.status != exp or (out is not None and r.stdout != out))]
     benign = sorted(x for x, (_, _, out) in zip(lat, calls) if out is not None)
     every = sorted(lat)
     pct = lambda xs, q: 1000 * xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]  # noqa: E731
@@ -97,7 +98,8 @@ def main() -> None:
     ap.add_argument("--hostile-every", type=int, default=10, help="every n-th call is hostile (10: 10%%)")
     ap.add_argument("--hostile-timeout", type=float, default=0.2, help="timeout_s of the hostile calls")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="sandbox workers (both backends)")
-    ap.add_argument("--inflight", type=int, default=512, help="calls in flight from the driver")
+    ap.add_argument("--inflight", type=int, default=256, help="calls in flight from the driver (latency includes
+                    "the wait behind them: Little's law)")
     args = ap.parse_args()
     import ray
 
