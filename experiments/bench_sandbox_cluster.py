@@ -98,8 +98,8 @@ def main() -> None:
     ap.add_argument("--hostile-every", type=int, default=10, help="every n-th call is hostile (10: 10%%)")
     ap.add_argument("--hostile-timeout", type=float, default=0.2, help="timeout_s of the hostile calls")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="sandbox workers (both backends)")
-    ap.add_argument("--inflight", type=int, default=256, help="calls in flight from the driver (latency includes
-                    "the wait behind them: Little's law)")
+    ap.add_argument("--inflight", type=int, default=256,
+                    help="calls in flight from the driver (latency includes the wait behind them)")
     args = ap.parse_args()
     import ray
 
