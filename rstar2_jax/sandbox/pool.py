@@ -26,8 +26,14 @@ What a user should know:
   call sees and can signal only its own processes, private tmpfs /tmp, /var/tmp, /dev/shm wiped after
   every call. As root, calls run as ``limits.user`` (``nobody``) with ``PR_SET_NO_NEW_PRIVS``; if the
   Python install sits under a directory closed to that user (e.g. ``/root/.pyenv``), the worker's mount
-  namespace shows the calls that directory with only the install in it. As non-root: a user namespace,
-  else rlimits only. Rlimits per call: address space (``memory_mb``), CPU, file size, processes (counted
+  namespace shows the calls that directory with only the install in it. As root with a pid namespace, each
+  worker pivots once into a private root (``rootfs``: read-only binds of the Python install and the
+  preloaded modules' files, five devices, a minimal /etc, private /tmp; nothing else of the host;
+  ``limits.private_root``). Every call installs a seccomp filter before its request (``seccomp``: ptrace,
+  mounts, namespaces, bpf, keyrings, perf, kexec, reboot, modules, io_uring, non-AF_UNIX sockets fail
+  with EPERM; ``limits.seccomp``). ``stats()["isolation_notes"]`` says why a requested layer is off. As
+  non-root: a user namespace, else rlimits only. The same pool runs on every node of a Ray cluster:
+  ``cluster.RaySandboxPool``. Rlimits per call: address space (``memory_mb``), CPU, file size, processes (counted
   per uid: shared by all calls running as ``nobody`` on the machine), open files. The wall limit is
   enforced by the worker (SIGKILL of the call's whole process tree); leftovers of a call (daemons,
   double forks, ``setsid``) are killed when its main process ends.
