@@ -9,7 +9,7 @@ import dataclasses
 import time
 
 import pytest
-from sandbox_checks import FAST, HOSTILE_CALLS, SAME_RESULT_CALLS, comparable, requests
+from sandbox_checks import FAST, FORK_BOMB, HOSTILE_CALLS, SAME_RESULT_CALLS, comparable, requests
 
 from rstar2_jax.sandbox import CodeRequest
 from rstar2_jax.sandbox.backend import open_pool
@@ -57,6 +57,8 @@ def test_results_and_hostile_statuses_equal_the_local_pool(ray_pool, ns_pool):
     statuses = [r.status for r in got[len(SAME_RESULT_CALLS):]]
     assert statuses[:6] == ["timeout", "timeout", "memory", "memory", "output_limit", "output_limit"], statuses
     assert "sandbox_error" not in statuses, statuses
+    bomb = ray_pool.run(requests([FORK_BOMB])[0])
+    assert bomb.status in ("timeout", "runtime_error"), bomb  # as in test_fork_bomb_is_contained
     assert ray_pool.isolation is not None and ray_pool.isolation.mode == ns_pool.isolation.mode
 
 

@@ -9,7 +9,7 @@ import signal
 import time
 
 import pytest
-from sandbox_checks import FAST, HOSTILE_CALLS, SAME_RESULT_CALLS, comparable, requests, wait_until
+from sandbox_checks import FAST, FORK_BOMB, HOSTILE_CALLS, SAME_RESULT_CALLS, comparable, requests, wait_until
 
 from rstar2_jax.sandbox import CodeRequest
 
@@ -48,6 +48,7 @@ def test_results_and_hostile_statuses_equal_the_local_pool(cluster_pool, ns_pool
     hostile = [False] * len(SAME_RESULT_CALLS) + [True] * len(HOSTILE_CALLS)
     got, want = cluster_pool.run_batch(requests(calls)), ns_pool.run_batch(requests(calls))
     assert [comparable(r, h) for r, h in zip(got, hostile)] == [comparable(r, h) for r, h in zip(want, hostile)]
+    assert cluster_pool.run(requests([FORK_BOMB])[0]).status in ("timeout", "runtime_error")
 
 
 def test_actor_killed_mid_batch_loses_nothing(cluster_pool):
