@@ -16,6 +16,7 @@ atomic) every ``ckpt_every`` steps and at every transition; ``--resume`` continu
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -45,7 +46,8 @@ from rstar2_jax.rollout.weight_sync import WeightSync
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature
 from rstar2_jax.sampling.placement import plan_placement
-from rstar2_jax.sandbox import SandboxLimits, SandboxPool
+from rstar2_jax.sandbox import SandboxLimits
+from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.sft import SFTConfig, train_sft
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
 from rstar2_jax.utils.compiles import CompileCounter
@@ -64,6 +66,9 @@ def parse_args(argv):
                     "null there = local devices // devices-per-engine)")
     ap.add_argument("--devices-per-engine", type=int, default=None, help="tensor-parallel degree of each engine")
     ap.add_argument("--engine-weight-dtype", default=None, help="e.g. bfloat16: the engines' copy of the weights")
+    ap.add_argument("--sandbox-backend", default=None, choices=("local", "ray"),
+                    help="override the config's sandbox_backend (ray: one sandbox actor per Ray node)")
+    ap.add_argument("--ray-address", default=None, help="override the config's ray_address")
     args = ap.parse_args(argv)
     if not args.dry_run and not args.config:
         ap.error("give --config PATH (full scale) or --dry-run")
@@ -127,13 +132,17 @@ def main(argv: list[str] | None = None) -> dict:
     if setup.multi:
         raise SystemExit("rstar2_recipe.py runs in one process (its checkpoints and evaluation are single-process); "
                          "multi-process rollouts and updates: see docs/multihost.md")
+    backend = {k: v for k, v in (("sandbox_backend", args.sandbox_backend), ("ray_address", args.ray_address))
+               if v is not None}
+    cfg = dataclasses.replace(cfg, **backend) if backend else cfg
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "recipe_config.json").write_text(json.dumps(cfg.to_json(), indent=2, default=str))
     show = not args.no_progress
     mesh = None if args.dry_run else make_mesh(cfg.mesh)
     limits = SandboxLimits(wall_s=5.0, cpu_s=5.0, memory_mb=2048, preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
-    with SandboxPool(workers=cfg.sandbox_workers, limits=limits) as pool:
+    with open_pool(cfg.sandbox_backend, workers=cfg.sandbox_workers, limits=limits,
+                   ray_address=cfg.ray_address) as pool:
         if args.dry_run:
             graphdef, params, mcfg, tok, tpl, sft_path, rl_path = setup_dry_run(cfg, out, pool, args.seed)
         else:

@@ -48,7 +48,8 @@ from rstar2_jax.rl.train_step import init_train_state  # noqa: E402
 from rstar2_jax.rollout.dispatcher import RolloutConfig  # noqa: E402
 from rstar2_jax.rollout.template import TemplateConfig  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature  # noqa: E402
-from rstar2_jax.sandbox import SandboxLimits, SandboxPool  # noqa: E402
+from rstar2_jax.sandbox import SandboxLimits  # noqa: E402
+from rstar2_jax.sandbox.backend import BACKENDS, open_pool  # noqa: E402
 from rstar2_jax.sft import SFTConfig, train_sft  # noqa: E402
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # noqa: E402
 from rstar2_jax.learner import Learner, LearnerConfig  # noqa: E402
@@ -94,7 +95,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--slots", type=int, default=32, help="decode slots per engine")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
-    ap.add_argument("--sandbox-workers", type=int, default=2)
+    ap.add_argument("--sandbox-workers", type=int, default=2, help="local: pool workers; ray: workers per node")
+    ap.add_argument("--sandbox-backend", default="local", choices=BACKENDS,
+                    help="local: the embedded pool; ray: one sandbox actor per Ray node (pip install -e '.[ray]')")
+    ap.add_argument("--ray-address", default=None, help="ray backend: cluster address (default: a local Ray)")
     ap.add_argument("--sft-cache", default=None,
                     help="directory: reuse an SFT policy saved there with the same settings, else train and save it")
     ap.add_argument("--temperature", type=float, default=1.0,
@@ -230,7 +234,8 @@ def main(argv: list[str] | None = None) -> dict:
                       loss=LossConfig(), logprob_chunk_size=128, old_logp_source=args.old_logp,
                       temperature=args.temperature)
 
-    with SandboxPool(workers=args.sandbox_workers, limits=limits) as pool:
+    with open_pool(args.sandbox_backend, workers=args.sandbox_workers, limits=limits,
+                   ray_address=args.ray_address) as pool:
         reward_fn = RewardFn(pool=pool).batch
         t = time.perf_counter()
         traces = build_traces(sft_problems, pool=pool, cfg=regime.traces, template_cfg=tpl, seed=args.seed)

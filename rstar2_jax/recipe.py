@@ -66,7 +66,9 @@ class RecipeConfig:
     engine_weight_dtype: str | None = None  # e.g. "bfloat16": the engines' weights while the trainer keeps fp32
     slots: int = 64
     kv_memory_gb: float = 40.0
-    sandbox_workers: int = 64
+    sandbox_workers: int = 64  # local: the pool's workers; ray: workers per node (capped at its CPUs)
+    sandbox_backend: str = "local"  # "local" (embedded SandboxPool) or "ray" (RaySandboxPool, docs/sandbox_cluster.md)
+    ray_address: str | None = None  # ray backend: ray.init(address=...) (None: a local Ray instance)
     ckpt_every: int = 10
     template: str = "full"  # "full" rStar2 prompt, or "toy"
 
@@ -90,6 +92,8 @@ class RecipeConfig:
         if self.engines is not None and (not isinstance(self.engines, int) or self.engines < 1):
             raise ValueError(f"RecipeConfig.engines must be a positive int or null, got {self.engines!r}")
         self.placement()  # validates the engine fields
+        if self.sandbox_backend not in ("local", "ray"):
+            raise ValueError(f"RecipeConfig.sandbox_backend must be 'local' or 'ray', got {self.sandbox_backend!r}")
         if self.template not in ("full", "toy"):
             raise ValueError(f"RecipeConfig.template must be 'full' or 'toy', got {self.template!r}")
 

@@ -67,13 +67,14 @@ class Executor:
     """Runs calls one at a time in forked children of the current process (the worker's init)."""
 
     def __init__(self, *, confinement: Confinement, workdir: str, pid_ns: bool, private_tmp: bool,
-                 output_bytes: int, scrub_uid: int | None) -> None:
+                 output_bytes: int, scrub_uid: int | None, keep: tuple[str, ...] = ()) -> None:
         self.confinement = confinement
         self.workdir = workdir
         self.pid_ns = pid_ns and os.getpid() == 1  # kill(-1) is only safe as the namespace's init
         self.private_tmp = private_tmp
         self.cap = output_bytes
         self.scrub_uid = scrub_uid  # without private tmpfs: remove files this uid left in WRITABLE_DIRS
+        self.keep = frozenset(keep)  # read-only binds of the private root under WRITABLE_DIRS: never removed
         self.owner = confinement.ids
         self.poller = select.poll()
         self.quiet = select.poll()
@@ -326,6 +327,8 @@ class Executor:
                 except OSError:
                     continue
                 for entry in entries:
+                    if entry.path in self.keep:
+                        continue
                     try:
                         if self.private_tmp or entry.stat(follow_symlinks=False).st_uid == self.scrub_uid:
                             _remove(entry.path)

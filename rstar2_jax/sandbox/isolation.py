@@ -49,6 +49,8 @@ class Isolation:
     user: str | None = None
     exposed: tuple[str, ...] = ()  # dirs closed to others (e.g. /root) shown as just the Python install
     stdlib_readable: bool = True  # the calls can import stdlib modules that are not preloaded
+    private_root: bool = False  # pivot_root into a root holding only the Python install (sandbox.rootfs)
+    seccomp: bool = False  # the calls' seccomp filter is installed (sandbox.seccomp)
 
     @property
     def mode(self) -> str:
@@ -58,6 +60,7 @@ class Isolation:
         parts = [f"namespaces({','.join(names)})"] if names else []
         if self.uid is not None:
             parts.append(f"uid({self.user})")
+        parts += [name for name, on in (("root", self.private_root), ("seccomp", self.seccomp)) if on]
         return "+".join(parts) if parts else "rlimits-only"
 
 
@@ -206,18 +209,41 @@ def stdlib_readable() -> bool:
     return blocked_ancestor(os.path.realpath(os.path.dirname(os.__file__))) is None
 
 
-def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> tuple[bool, bool, tuple[str, ...]]:
-    """In the init, after preloading: private tmpfs on WRITABLE_DIRS, the Python install made reachable
-    (``expose_python``), and a fresh /proc.
+@dataclasses.dataclass(frozen=True, slots=True)
+class Mounts:
+    """What ``setup_mounts`` achieved."""
 
-    Returns (private_tmp, private_proc, exposed). Done after the preload so modules under /tmp still import.
+    private_tmp: bool = False
+    private_proc: bool = False
+    exposed: tuple[str, ...] = ()
+    private_root: bool = False
+    keep: tuple[str, ...] = ()  # entries of WRITABLE_DIRS that hold binds of the private root: never cleaned
+    root_error: str = ""  # why the private root could not be entered (then the shared-root layout is used)
+
+
+def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> Mounts:
+    """In the init, after preloading: the private root (``rootfs``) where asked for and possible, else
+    private tmpfs on WRITABLE_DIRS and the Python install made reachable (``expose_python``); a fresh /proc.
+
+    Done after the preload so modules under /tmp still import.
     """
     if not ns.get("mount_ns"):
-        return False, False, ()
+        return Mounts()
     try:
         sc.mount("none", "/", None, sc.MS_REC | sc.MS_PRIVATE)
     except OSError:
-        return False, False, ()
+        return Mounts()
+    root_error = ""
+    if limits.private_root and ns.get("pid_ns") and os.geteuid() == 0:
+        from . import rootfs
+
+        try:
+            _, keep = rootfs.enter(limits.user, limits.tmpfs_mb)
+        except OSError as exc:
+            root_error = f"{type(exc).__name__}: {exc}"
+        else:
+            _limit_ipc(ns)
+            return Mounts(private_tmp=True, private_proc=True, private_root=True, keep=keep)
     private_tmp = True
     # A venv or checkout living under /tmp (a CI clone, say) must stay visible, and must never be in a
     # directory the per-call cleanup empties: such a dir keeps its shared mount (files the call's uid
@@ -241,14 +267,21 @@ def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> tuple[bool, bool
             private_proc = True
         except OSError:
             pass
-    if ns["ipc_ns"] and private_proc:  # SysV IPC objects and POSIX queues would outlive a call: allow none
-        for name, value in (("kernel/shmmni", "0"), ("kernel/msgmni", "0"), ("kernel/sem", "0 0 0 0"),
-                            ("fs/mqueue/queues_max", "0")):
-            try:
-                _write(f"/proc/sys/{name}", value)
-            except OSError:
-                pass
-    return private_tmp, private_proc, exposed
+    if private_proc:
+        _limit_ipc(ns)
+    return Mounts(private_tmp=private_tmp, private_proc=private_proc, exposed=exposed, root_error=root_error)
+
+
+def _limit_ipc(ns: dict[str, bool]) -> None:
+    """SysV IPC objects and POSIX queues would outlive a call: allow none (through our namespace's /proc)."""
+    if not ns.get("ipc_ns"):
+        return
+    for name, value in (("kernel/shmmni", "0"), ("kernel/msgmni", "0"), ("kernel/sem", "0 0 0 0"),
+                        ("fs/mqueue/queues_max", "0")):
+        try:
+            _write(f"/proc/sys/{name}", value)
+        except OSError:
+            pass
 
 
 def resolve_user(limits: SandboxLimits) -> tuple[int, int] | None:
@@ -276,16 +309,18 @@ class Confinement:
     drop_caps: bool
     dumpable: bool  # re-enable after the uid change (only where no process outside the pid ns can see us)
     pdeathsig: bool  # needed without a pid namespace (with one, the kernel ends it with its init)
+    seccomp: object = None  # a compiled ``seccomp.Program``, installed last in ``drop``
 
     @classmethod
-    def build(cls, limits: SandboxLimits, ids: tuple[int, int] | None, isolation: Isolation) -> "Confinement":
+    def build(cls, limits: SandboxLimits, ids: tuple[int, int] | None, isolation: Isolation,
+              seccomp: object = None) -> "Confinement":
         mib = 1 << 20
         rl = [(resource.RLIMIT_AS, limits.memory_mb * mib), (resource.RLIMIT_FSIZE, limits.fsize_mb * mib),
               (resource.RLIMIT_CORE, 0), (resource.RLIMIT_NOFILE, limits.nofile)]
         if ids is not None or isolation.user_ns:  # RLIMIT_NPROC binds only without root privileges
             rl.append((resource.RLIMIT_NPROC, limits.nproc))
         return cls(tuple(rl), ids, drop_caps=ids is None and isolation.user_ns,
-                   dumpable=isolation.pid_ns and ids is not None, pdeathsig=not isolation.pid_ns)
+                   dumpable=isolation.pid_ns and ids is not None, pdeathsig=not isolation.pid_ns, seccomp=seccomp)
 
     def prepare_init(self) -> None:
         """Once in the init, inherited by every fork: the fixed rlimits (they bind the init too, which stays
@@ -308,6 +343,8 @@ class Confinement:
             sc.drop_capabilities()
         if self.pdeathsig:  # after the uid change, which clears it
             sc.prctl(sc.PR_SET_PDEATHSIG, signal.SIGKILL)
+        if self.seccomp is not None:  # last: nothing above needs a denied syscall
+            self.seccomp.install()
 
     def arm(self, cpu_s: float) -> None:
         """In the call's child once its request is read: the CPU limit (lowering it needs no privilege),

@@ -55,6 +55,8 @@ class SandboxLimits:
     warmup: str = SYMPY_WARMUP  # trusted code run once per worker after the preload ("" for none)
     network: bool = False  # False: own network namespace (no interfaces up) where the OS allows
     namespaces: bool = True  # False: skip all namespaces (uid drop + rlimits only; for tests/odd kernels)
+    private_root: bool = True  # pivot_root into a root with only the Python install (sandbox.rootfs), as root
+    seccomp: bool = True  # the calls' seccomp filter (sandbox.seccomp), where libseccomp is installed
     user: str = "nobody"  # uid/gid the call drops to when the pool runs as root
     startup_timeout_s: float = 120.0  # a worker that is not ready by then is a startup failure
     grace_s: float = 5.0  # extra wait on the worker beyond a call's wall limit before declaring it dead
@@ -76,7 +78,7 @@ class SandboxLimits:
             raise ValueError(f"SandboxLimits.preload must be a tuple of dotted module names, got {self.preload!r}")
         if not isinstance(self.warmup, str):
             raise ValueError(f"SandboxLimits.warmup must be a str, got {type(self.warmup).__name__}")
-        for name in ("network", "namespaces"):
+        for name in ("network", "namespaces", "private_root", "seccomp"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"SandboxLimits.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.user, str) or not self.user:

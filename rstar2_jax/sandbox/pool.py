@@ -26,8 +26,14 @@ What a user should know:
   call sees and can signal only its own processes, private tmpfs /tmp, /var/tmp, /dev/shm wiped after
   every call. As root, calls run as ``limits.user`` (``nobody``) with ``PR_SET_NO_NEW_PRIVS``; if the
   Python install sits under a directory closed to that user (e.g. ``/root/.pyenv``), the worker's mount
-  namespace shows the calls that directory with only the install in it. As non-root: a user namespace,
-  else rlimits only. Rlimits per call: address space (``memory_mb``), CPU, file size, processes (counted
+  namespace shows the calls that directory with only the install in it. As root with a pid namespace, each
+  worker pivots once into a private root (``rootfs``: read-only binds of the Python install and the
+  preloaded modules' files, five devices, a minimal /etc, private /tmp; nothing else of the host;
+  ``limits.private_root``). Every call installs a seccomp filter before its request (``seccomp``: ptrace,
+  mounts, namespaces, bpf, keyrings, perf, kexec, reboot, modules, io_uring, non-AF_UNIX sockets fail
+  with EPERM; ``limits.seccomp``). ``stats()["isolation_notes"]`` says why a requested layer is off. As
+  non-root: a user namespace, else rlimits only. The same pool runs on every node of a Ray cluster:
+  ``cluster.RaySandboxPool``. Rlimits per call: address space (``memory_mb``), CPU, file size, processes (counted
   per uid: shared by all calls running as ``nobody`` on the machine), open files. The wall limit is
   enforced by the worker (SIGKILL of the call's whole process tree); leftovers of a call (daemons,
   double forks, ``setsid``) are killed when its main process ends.
@@ -133,6 +139,7 @@ class _Worker:
             self.kill()
             raise RuntimeError(f"sandbox worker failed to start: {info}")
         self.isolation = Isolation(**info["isolation"])
+        self.notes = {k: info[k] for k in ("root_error", "seccomp_error") if info.get(k)}  # why a layer is off
         self.init_pid = info["host_pid"]
         self.fd = self.conn.fileno()
         self.poller = select.poll()
@@ -198,7 +205,7 @@ class _Slot(threading.Thread):
     def _start_worker(self) -> None:
         self.worker = None
         self.worker = _Worker(self.pool._ctx, self.pool.limits, self.index)
-        self.pool._note_isolation(self.worker.isolation)
+        self.pool._note_isolation(self.worker.isolation, self.worker.notes)
 
     def run(self) -> None:  # noqa: D401 - thread body
         try:
@@ -262,6 +269,7 @@ class SandboxPool:
         self._lock = threading.Lock()
         self._closed = False
         self._isolation: Isolation | None = None
+        self._isolation_notes: dict[str, str] = {}
         self._calls = 0
         self._restarts = 0
         self._pending = 0
@@ -318,10 +326,10 @@ class SandboxPool:
         with self._lock:
             self._restarts += 1
 
-    def _note_isolation(self, isolation: Isolation) -> None:
+    def _note_isolation(self, isolation: Isolation, notes: dict[str, str]) -> None:
         with self._lock:
             if self._isolation is None:
-                self._isolation = isolation
+                self._isolation, self._isolation_notes = isolation, notes
 
     @property
     def isolation(self) -> Isolation | None:
@@ -348,6 +356,7 @@ class SandboxPool:
                 "restarts": self._restarts,
                 "isolation": self._isolation.mode if self._isolation else None,
                 "isolation_detail": dataclasses.asdict(self._isolation) if self._isolation else None,
+                "isolation_notes": dict(self._isolation_notes),  # why a requested layer is off (root_error, ...)
                 "closed": self._closed,
             }
         stats["alive_workers"] = sum(1 for s in self._slots if s.worker is not None and s.worker.alive())

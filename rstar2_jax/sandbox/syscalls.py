@@ -62,6 +62,22 @@ def mount(source: str, target: str, fstype: str | None, flags: int = 0, data: st
            f"mount {target}")
 
 
+_SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}
+
+
+def pivot_root(new_root: str, put_old: str) -> None:
+    """pivot_root(2) (no libc wrapper): ``pivot_root(".", ".")`` stacks the old root under the new one."""
+    number = _SYS_PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(errno.ENOSYS, f"pivot_root: unknown syscall number on {os.uname().machine}")
+    _check(_fn("syscall")(ctypes.c_long(number), new_root.encode(), put_old.encode()), "pivot_root")
+
+
+def umount2(target: str, flags: int = 0) -> None:
+    """umount2(2)."""
+    _check(_fn("umount2")(target.encode(), ctypes.c_int(flags)), f"umount {target}")
+
+
 def prctl(option: int, arg: int = 0) -> None:
     """prctl(2) with one (small, non-negative) argument; cheap enough for the per-call path."""
     fn = _PRCTL if _PRCTL is not None else _fn("prctl")

@@ -140,7 +140,17 @@ def init_main(fd: int, flags: str) -> None:
             importlib.import_module(name)
         if limits.warmup:
             exec(compile(limits.warmup, "<warmup>", "exec"), {"__name__": "__warmup__"})
-        private_tmp, private_proc, exposed = isolation.setup_mounts(ns, limits)
+        # before the mounts: libseccomp is found (ldconfig) on the host's root
+        program, seccomp_error = None, ""
+        if limits.seccomp:
+            from . import seccomp
+
+            try:
+                program = seccomp.build()
+            except (ImportError, OSError, RuntimeError, ValueError) as exc:  # no libseccomp: reported, not fatal
+                seccomp_error = f"{type(exc).__name__}: {exc}"
+        mounts = isolation.setup_mounts(ns, limits)
+        private_tmp = mounts.private_tmp
         readable = ids is None or isolation.stdlib_readable()  # seen through the mounts just made
         if not readable:  # the calls' uid cannot read the stdlib: import what math code commonly uses
             for name in isolation.COMMON_STDLIB:
@@ -148,10 +158,11 @@ def init_main(fd: int, flags: str) -> None:
                     importlib.import_module(name)
                 except ImportError:
                     pass
-        info = isolation.Isolation(**ns, private_tmp=private_tmp, private_proc=private_proc,
+        info = isolation.Isolation(**ns, private_tmp=private_tmp, private_proc=mounts.private_proc,
                                    uid=None if ids is None else ids[0],
-                                   user=None if ids is None else limits.user, exposed=exposed,
-                                   stdlib_readable=readable)
+                                   user=None if ids is None else limits.user, exposed=mounts.exposed,
+                                   stdlib_readable=readable, private_root=mounts.private_root,
+                                   seccomp=program is not None)
         base = None  # a directory of ours on the host's /tmp, removed when we exit
         if private_tmp:
             workdir = os.path.join("/tmp", WORKDIR_NAME)
@@ -160,9 +171,9 @@ def init_main(fd: int, flags: str) -> None:
             os.chmod(base, 0o711)
             workdir = os.path.join(base, WORKDIR_NAME)
         os.environ["HOME"] = os.environ["TMPDIR"] = workdir
-        executor = Executor(confinement=isolation.Confinement.build(limits, ids, info), workdir=workdir,
+        executor = Executor(confinement=isolation.Confinement.build(limits, ids, info, program), workdir=workdir,
                             pid_ns=ns["pid_ns"], private_tmp=private_tmp, output_bytes=limits.output_bytes,
-                            scrub_uid=None if ids is None else ids[0])
+                            scrub_uid=None if ids is None else ids[0], keep=mounts.keep)
     except BaseException as exc:  # noqa: BLE001 - report it to the pool, which raises it
         send(fd, ("error", f"{type(exc).__name__}: {exc}"))
         os._exit(1)
@@ -179,7 +190,8 @@ def init_main(fd: int, flags: str) -> None:
 
     syscalls.huge_pages()  # after the preload and warm-up: cheaper fork and exit of every call
     executor.prepare()  # the first call's warm child
-    send(fd, ("ready", {"isolation": dataclasses.asdict(info), "host_pid": host_pid, "workdir": workdir}))
+    send(fd, ("ready", {"isolation": dataclasses.asdict(info), "host_pid": host_pid, "workdir": workdir,
+                        "root_error": mounts.root_error, "seccomp_error": seccomp_error}))
     status = 0
     while True:
         try:

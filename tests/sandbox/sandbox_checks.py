@@ -116,3 +116,42 @@ def run_checked(pool: SandboxPool, code: str, **kw) -> CodeResult:
     result = pool.run(CodeRequest(code=code, **kw))
     check_healthy(pool)
     return result
+
+
+# Calls whose results both backends must agree on (``test_sandbox_ray*``): (code, stdin, wrap, timeout_s).
+SAME_RESULT_CALLS = [
+    ("x = 6\nprint('x is', x)\nx * 7", "", True, None),
+    ("x = 1\nundefined_name + x", "", True, None),
+    ("def f():\n    1/0\nf()", "", False, None),
+    ("import json, sys\nprint(json.dumps({'sum': sum(json.load(sys.stdin)['xs'])}))", '{"xs": [1, 2, 3]}', False, None),
+    ("print(input().upper())", "hello\n", True, None),
+    ("import sympy\nx = sympy.Symbol('x')\nsympy.factor(x**2 - 1), sympy.factorint(360)", "", True, None),
+    ("import numpy as np\nint(np.arange(10).sum())", "", True, None),
+    ("import sys\nsys.exit(3)", "", True, None),
+    ("import os\nos.getcwd() == os.environ['HOME'], sorted(os.listdir('.'))", "", True, None),
+]
+# Hostile calls of the local suite (``test_sandbox_hostile``), compared by status (and truncation); those whose
+# status depends on the machine's load (a fork bomb: timeout or runtime_error) are checked by FORK_BOMB.
+HOSTILE_CALLS = [
+    ("while True: pass", "", True, None),
+    ("import time\ntime.sleep(10**6)", "", True, None),
+    ("bytearray(10**10)", "", True, 10.0),
+    ("import numpy\nnumpy.zeros(10**10)", "", True, 10.0),
+    ("while True: print('x' * 1000)", "", True, None),
+    ("import sys\nwhile True: sys.stderr.write('e' * 4096)", "", True, None),
+    ("import ctypes\nctypes.string_at(0)", "", True, None),
+    ("import os\nos.kill(1, 9)\nprint('alive')", "", True, None),
+    ("def f(n):\n    return f(n + 1)\nf(0)", "", True, None),
+]
+
+
+def requests(calls) -> list[CodeRequest]:
+    return [CodeRequest(code=c, stdin=s, wrap=w, timeout_s=t) for c, s, w, t in calls]
+
+
+def comparable(result: CodeResult, hostile: bool) -> tuple:
+    """What two backends must agree on: everything but the duration (hostile: status and truncation)."""
+    if hostile:
+        return result.status, result.truncated
+    return result.status, result.stdout, result.stderr, result.exit_code, result.truncated
+FORK_BOMB = ("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass", "", True, None)
