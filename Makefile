@@ -32,7 +32,7 @@ demo: $(BASE)
 bench: $(DEV)
 	for b in experiments/bench_*.py; do $(PY) $$b || exit 1; done
 
-# re-run the RoC ablation notebook in place (full budget, 3 seeds x 3 modes: 48 min on 2 busy CPU cores)
+# re-run the RoC ablation notebook in place (full budget, 5 seeds x 3 modes, noisy-tools regime: 63 min on 2 CPU cores)
 notebook: $(DEV)
 	cd notebooks && ../$(PY) -c "import nbformat; from nbclient import NotebookClient; \
 	nb = nbformat.read('roc_ablation.ipynb', as_version=4); \

@@ -8,9 +8,9 @@ import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(SEEDS=[0], MODES=["none", "paper", "deterministic"], RL_STEPS=1, EVAL_EVERY=1, PROBLEMS_PER_STEP=2,
-            GROUP=2, N_EVAL=4, SFT_TRACES=8, SFT_EPOCHS=1.0,
-            EXTRA_ARGS=["--hidden", "32", "--layers", "1", "--budget", "160", "--slots", "8", "--sandbox-workers", "1",
+TINY = dict(SEEDS=[0, 1], MODES=["none", "paper", "deterministic"], RL_STEPS=2, PROBLEMS_PER_STEP=2,
+            GROUP=2, N_EVAL=4, SFT_TRACES=8, SFT_EPOCHS=1.0, BUDGET=160, N_BOOT=50,
+            EXTRA_ARGS=["--hidden", "32", "--layers", "1", "--slots", "8", "--sandbox-workers", "1",
                         "--copy-drills", "8"])
 
 
@@ -26,11 +26,39 @@ def inject_parameters(nb: nbformat.NotebookNode, params: dict) -> None:
 @pytest.mark.slow
 def test_roc_ablation_notebook_runs(tmp_path):
     nb = nbformat.read(ROOT / "notebooks" / "roc_ablation.ipynb", as_version=4)
-    inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs")})
+    results_path = tmp_path / "roc_ablation.json"
+    inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "RESULTS": str(results_path)})
     NotebookClient(nb, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    table = json.loads((tmp_path / "runs" / "roc_ablation_table.json").read_text())
-    assert [c["mode"] for c in table] == TINY["MODES"]
+    check_results_schema(json.loads(results_path.read_text()), TINY)
     assert (tmp_path / "runs" / "roc_ablation.png").stat().st_size > 0
     # the three modes trained from one cached SFT policy per seed
-    assert len(list((tmp_path / "runs" / "sft_cache").iterdir())) == 1
+    assert len(list((tmp_path / "runs" / "sft_cache").iterdir())) == len(TINY["SEEDS"])
+    for seed in TINY["SEEDS"]:  # the noisy-tools regime was the one used
+        assert json.loads((tmp_path / "runs" / f"paper_seed{seed}" / "args.json").read_text())["regime"] == "noisy-tools"
+
+
+def check_results_schema(res: dict, params: dict) -> None:
+    """``notebooks/results/roc_ablation.json``: {"rl_steps", "minutes", "modes": {mode: {seed: {...}}}}."""
+    assert set(res) == {"rl_steps", "minutes", "modes"}
+    assert res["rl_steps"] == params["RL_STEPS"] and isinstance(res["minutes"], float) and res["minutes"] > 0
+    assert list(res["modes"]) == params["MODES"]
+    for mode, per_seed in res["modes"].items():
+        assert list(per_seed) == [str(s) for s in params["SEEDS"]], mode
+        for run in per_seed.values():
+            assert set(run) == {"heldout_acc_sft", "heldout_acc_rl", "steps", "tool_error_rate_pos", "response_len",
+                                "reward"}
+            assert all(isinstance(run[k], float) and 0.0 <= run[k] <= 1.0 for k in ("heldout_acc_sft", "heldout_acc_rl"))
+            assert run["steps"] == list(range(1, params["RL_STEPS"] + 1))
+            for k in ("tool_error_rate_pos", "response_len", "reward"):
+                assert len(run[k]) == len(run["steps"]), k
+                assert all(v is None or isinstance(v, float) for v in run[k]), k
+            assert all(v is not None for v in run["response_len"] + run["reward"])
+
+
+def test_committed_results_follow_the_schema():
+    res = json.loads((ROOT / "notebooks" / "results" / "roc_ablation.json").read_text())
+    seeds = [int(s) for s in next(iter(res["modes"].values()))]
+    check_results_schema(res, {"RL_STEPS": res["rl_steps"], "MODES": ["none", "paper", "deterministic"],
+                               "SEEDS": seeds})
+    assert len(seeds) >= 5
