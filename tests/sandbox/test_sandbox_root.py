@@ -43,7 +43,13 @@ def test_host_files_planted_in_tmp_and_in_the_checkout_are_invisible(ns_pool):
         """)
         r = run_checked(ns_pool, src)
         exists, tmp, passwd = r.stdout.splitlines()
-        assert exists == "[False, False, False, False, False] ['rstar2_jax']", r  # of the checkout: the package only
+        # of the checkout: the package only, plus the Python install where it lives inside the checkout
+        # (a venv made by `make` in a fresh clone is <checkout>/.venv)
+        in_checkout = {os.path.relpath(p, CHECKOUT).split(os.sep)[0] for p in (sys.prefix, sys.base_prefix)
+                       if p.startswith(CHECKOUT + os.sep)}
+        flags, listing = exists.split("] ", 1)
+        assert flags == "[False, False, False, False, False", r
+        assert sorted(eval(listing)) == sorted({"rstar2_jax"} | in_checkout), r
         bound_in_tmp = {p.split("/")[2] for p in (CHECKOUT, sys.prefix, sys.base_prefix) if p.startswith("/tmp/")}
         assert eval(tmp)[0] == sorted({"work"} | bound_in_tmp), r  # the call's own work dir (and a CI clone)
         assert set(eval(tmp)[1]) <= {"null", "zero", "full", "random", "urandom", "shm", "fd", "stdin", "stdout",
