@@ -194,6 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
         placed = WeightSync(placement.layouts).place(state.params)  # on device, from the trainer's layout
         engines = [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
                    for p, lay in zip(placed, placement.layouts)]
+        for e in engines:  # each engine's executables are tied to its devices: compile them all once, now
+            e.warmup()
         if args.dry_run:  # see the module docstring: a random policy earns no reward
             script = dry_run_script(problems, tok, tpl)
             engines = [ScriptedPolicy(e, script) for e in engines]

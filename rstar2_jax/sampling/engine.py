@@ -270,8 +270,9 @@ class PagedEngine:
         return events
 
     def warmup(self) -> int:
-        """Compile every step variant now (decode row buckets x with/without prefill rows) by running
-        them on all-padding batches, which only write to the null page. Returns the variant count."""
+        """Compile every step variant now (decode row buckets x with/without prefill rows, the decode
+        loop, fork page copies of every padded size) on all-padding inputs, which only write to the
+        null page. Returns the variant count."""
         n = 0
         for rd in self._row_buckets:
             for pr in (0, self.cfg.prefill_rows):
@@ -280,6 +281,11 @@ class PagedEngine:
         if self.cfg.decode_steps > 1:
             self._loop([], [])  # no active row: the loop body never runs, but it compiles
             n += 1
+        k = 1  # fork copy-on-write sizes (padded to powers of two; a fork copies <= one page per child)
+        while k <= max(1, self.cfg.num_slots):
+            zeros = np.zeros(k, np.int32)
+            self.cache = kv_cache.copy_pages(self.cache, zeros, zeros)  # the null page onto itself
+            n, k = n + 1, 2 * k
         return n
 
     def has_work(self) -> bool:
