@@ -57,11 +57,17 @@ def _threshold(scaled_v, top_k, top_p):
     return jnp.maximum(thr_k, thr_p)
 
 
-def _row(logits_v, scaled_v, key, temperature, thr, greedy):
-    neg = jnp.finfo(jnp.float32).min
-    keep = scaled_v >= thr
-    sampled = jax.random.categorical(key, jnp.where(keep, scaled_v, neg))
-    return jnp.where(greedy | (temperature <= 0), jnp.argmax(logits_v), sampled).astype(jnp.int32)
+def first_argmax(x: Float[Array, "... V"]) -> Int[Array, "..."]:
+    """``jnp.argmax(x, -1)`` (the first maximal index; the first NaN if any) as two plain reductions.
+
+    Same result bit for bit; on XLA:CPU ``argmax`` of a fused producer (Gumbel noise plus logits)
+    is a slow variadic reduce that recomputes its input, about 2x the whole sampler.
+    """
+    v = x.shape[-1]
+    iota = jnp.arange(v, dtype=jnp.int32)
+    at_max = jnp.min(jnp.where(x == x.max(-1, keepdims=True), iota, v), -1)
+    first_nan = jnp.min(jnp.where(jnp.isnan(x), iota, v), -1)
+    return jnp.where(first_nan < v, first_nan, at_max).astype(jnp.int32)
 
 
 @jax.jit
@@ -71,17 +77,23 @@ def sample_rows(logits_bv: Float[Array, "B V"], keys_b: jax.Array, temperature_b
     """Sample one token per row with per-row keys and parameters; returns ``(tokens_b, logprobs_b)``.
 
     ``logprobs_b`` is the policy log-prob (see module docstring), not the sampling distribution's.
+    Row b's token is ``jax.random.categorical(keys_b[b], kept logits / temperature)``, computed as
+    that function does (Gumbel noise of the row's key plus the logits, first argmax).
     """
     logits = logits_bv.astype(jnp.float32)
-    b = logits.shape[0]
+    b, v = logits.shape
+    neg = jnp.finfo(jnp.float32).min
     bcast = lambda x, dt: jnp.broadcast_to(jnp.asarray(x, dt), (b,))
     temperature, top_k, top_p = bcast(temperature_b, jnp.float32), bcast(top_k_b, jnp.int32), bcast(top_p_b, jnp.float32)
     # The sort behind top-k/top-p costs most of the sampler on CPU (XLA's sort is slow): skip it when
     # no row truncates. Exact: an untruncated row keeps every token either way.
     scaled = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
     thr = jax.lax.cond(jnp.any((top_k > 0) | (top_p < 1.0)), lambda: jax.vmap(_threshold)(scaled, top_k, top_p),
-                       lambda: jnp.full((b,), jnp.finfo(jnp.float32).min))
-    tokens = jax.vmap(_row)(logits, scaled, keys_b, temperature, thr, bcast(greedy_b, bool))
+                       lambda: jnp.full((b,), neg))
+    gumbel = jax.vmap(lambda k: jax.random.gumbel(k, (v,), jnp.float32))(keys_b)
+    sampled = first_argmax(gumbel + jnp.where(scaled >= thr[:, None], scaled, neg))
+    use_greedy = bcast(greedy_b, bool) | (temperature <= 0)
+    tokens = jnp.where(use_greedy, first_argmax(logits), sampled)
     return tokens, policy_logprobs(logits, tokens)
 
 
