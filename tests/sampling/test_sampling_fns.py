@@ -86,3 +86,23 @@ def test_invalid_parameters_are_rejected():
         TopP(p=0.0)
     with pytest.raises(ValueError, match="Greedy"):
         Temperature(temperature=0.0)
+
+
+def test_first_argmax_is_jnp_argmax_with_ties_infinities_and_nans():
+    from rstar2_jax.sampling.sampling_fns import first_argmax
+    rng = np.random.default_rng(0)
+    for trial in range(60):
+        x = rng.integers(-3, 3, size=(8, 40)).astype(np.float32)  # many ties
+        x[rng.random(x.shape) < 0.2] = np.finfo(np.float32).min
+        x[rng.random(x.shape) < 0.1] = -np.inf
+        if trial % 3 == 0:
+            x[rng.random(x.shape) < 0.05] = np.nan
+        assert np.array_equal(first_argmax(jnp.asarray(x)), jnp.argmax(x, -1)), x
+
+
+def test_untruncated_rows_sample_exactly_jax_random_categorical():
+    """``sample_rows`` computes categorical itself (noise + first argmax): same tokens bit for bit."""
+    lg = _logits(32, seed=5) / 0.7
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(9), i))(jnp.arange(32))
+    tokens, _ = Temperature(temperature=0.7).sample(_logits(32, seed=5), keys)
+    assert np.array_equal(tokens, jax.vmap(jax.random.categorical)(keys, lg))
