@@ -9,6 +9,11 @@ same tensors; a greedy check confirms the two produce the same tokens.
 
 CPU: torch uses 2 threads (the machine's cores); runs alternate ours/HF, medians of ``--reps``.
 Throughput = B x 128 / wall seconds of one whole generation (compilation excluded: warmed up first).
+Ours runs two ways on the same cores: one ``PagedEngine`` with B slots, and a ``DataParallelEngine``
+of one engine per CPU device with B / n slots each (this script asks for ``os.cpu_count()`` CPU
+devices unless ``XLA_FLAGS`` already sets a count): XLA:CPU runs one decode step on about one core,
+torch on all of them. The summary ratios are the data-parallel ones (same cores, same requests);
+the single-engine ratios are printed next to them.
 
 GPU (when ``jax.devices()`` is a GPU): also a Qwen3-0.6B-shaped policy with random bf16 weights and
 bf16 KV, B=64 decode: tokens/s, and the fraction of the memory-bandwidth roofline, i.e.
@@ -20,6 +25,10 @@ from __future__ import annotations
 
 import argparse
 import os
+
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
+                               f" --xla_force_host_platform_device_count={os.cpu_count() or 1}").strip()
 import statistics
 import tempfile
 import time
@@ -34,6 +43,7 @@ from rstar2_jax.config import ModelConfig  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.model.hf_io import export_hf, load_hf  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature  # noqa: E402
+from rstar2_jax.sampling.data_parallel import DataParallelEngine  # noqa: E402
 
 PROMPT, NEW = 32, 128
 LAST_CPU = [0.0]  # process CPU seconds of the last run_ours / run_hf call
@@ -119,32 +129,44 @@ def load_both(cfg: ModelConfig, tmp: Path, torch_device: str | None = "cpu"):
 
 
 def compare(graphdef, params, hf, cfg: ModelConfig, batches: list[int], reps: int, decode_steps: int | None,
-            ) -> dict[int, float]:
-    """Alternating ours/HF runs per batch size; prints tok/s medians; returns {B: ratio}."""
+            ) -> dict[int, tuple[float, float]]:
+    """Alternating runs of one engine, the data-parallel engines and HF per batch size; prints tok/s
+    medians; returns {B: (data-parallel ratio, single-engine ratio)} to HF."""
+    devices = jax.devices("cpu")
     ratios = {}
     for b in batches:
-        engine = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps), device=jax.devices("cpu")[0])
-        engine.warmup()
+        n = next(k for k in range(min(len(devices), b), 0, -1) if b % k == 0)
+        single = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps), device=devices[0])
+        dp = DataParallelEngine.over_devices(graphdef, params, cfg, engine_cfg(b // n, decode_steps),
+                                             devices=devices[:n])
+        runs = {"one engine": lambda p, new, seed: run_ours(single, p, new, seed=seed),
+                f"{n} engines": lambda p, new, seed: run_ours(dp, p, new, seed=seed),
+                "HF": lambda p, new, seed: run_hf(hf, p, new, seed=seed)}
+        single.warmup()
+        dp.warmup()
         prompts = prompts_for(b, cfg.vocab_size, seed=b)
-        run_ours(engine, prompts, 8)  # warm the whole path (first calls, caches)
-        run_hf(hf, prompts, 8)
-        ours_t, hf_t, ours_c, hf_c = [], [], [], []
+        tokens = {}
+        for name, fn in runs.items():  # warm the whole path (first calls, caches)
+            tokens[name] = fn(prompts, 8, 0)[0]
+        assert tokens["one engine"] == tokens[f"{n} engines"], "data-parallel engines changed the tokens"
+        secs, cpu = {k: [] for k in runs}, {k: [] for k in runs}
+        order = list(runs)
         for r in tqdm(range(reps), desc=f"B={b}", unit="rep"):
-            for name in (("ours", "hf") if r % 2 == 0 else ("hf", "ours")):
-                if name == "ours":
-                    ours_t.append(run_ours(engine, prompts, NEW, seed=r)[1])
-                    ours_c.append(LAST_CPU[0])
-                else:
-                    hf_t.append(run_hf(hf, prompts, NEW, seed=r)[1])
-                    hf_c.append(LAST_CPU[0])
+            for name in order[r % 3:] + order[:r % 3]:  # rotate who goes first
+                secs[name].append(runs[name](prompts, NEW, r)[1])
+                cpu[name].append(LAST_CPU[0])
         med = statistics.median
-        ours_tps, hf_tps = b * NEW / med(ours_t), b * NEW / med(hf_t)
-        ratios[b] = ours_tps / hf_tps
-        st = engine.stats()
-        print(f"B={b:3d}: ours {ours_tps:8.1f} tok/s, HF generate {hf_tps:8.1f} tok/s -> {ratios[b]:.2f}x wall "
-              f"(medians of {reps}); CPU seconds per run ours {med(ours_c):.2f}, HF {med(hf_c):.2f} -> "
-              f"{med(hf_c) / med(ours_c):.2f}x; ours {st.decode_loop_calls} decode-loop calls + "
-              f"{st.steps} model steps for {st.tokens_generated} tokens")
+        tps = {k: b * NEW / med(v) for k, v in secs.items()}
+        ratios[b] = (tps[f"{n} engines"] / tps["HF"], tps["one engine"] / tps["HF"])
+        st = single.stats()
+        print(f"B={b:3d}: HF generate {tps['HF']:8.1f} tok/s ({med(cpu['HF']) / med(secs['HF']):.2f} cores busy); "
+              f"ours, one engine {tps['one engine']:8.1f} tok/s -> {ratios[b][1]:.2f}x "
+              f"({med(cpu['one engine']) / med(secs['one engine']):.2f} cores busy); ours, {n} engines x {b // n} "
+              f"slots (one per CPU device) {tps[f'{n} engines']:8.1f} tok/s -> {ratios[b][0]:.2f}x "
+              f"({med(cpu[f'{n} engines']) / med(secs[f'{n} engines']):.2f} cores busy); medians of {reps}; one "
+              f"engine ran {st.decode_loop_calls} decode-loop calls + {st.steps} model steps for "
+              f"{st.tokens_generated} tokens")
+        dp.close()
     return ratios
 
 
@@ -222,7 +244,8 @@ def main() -> None:
             gpu_roofline(args, tmp)
         else:
             print("GPU roofline: no GPU visible to jax here; not measured")
-    print(f"bench_generate: ratio_b16 = {ratios[16]:.2f} (target >= 1.2), ratio_b64 = {ratios[64]:.2f} (target >= 1.5)")
+    print(f"bench_generate: ratio_b16 = {ratios[16][0]:.2f} (target >= 1.2), ratio_b64 = {ratios[64][0]:.2f} "
+          f"(target >= 1.5), one_engine_b16 = {ratios[16][1]:.2f}, one_engine_b64 = {ratios[64][1]:.2f}")
 
 
 if __name__ == "__main__":

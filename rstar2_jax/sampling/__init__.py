@@ -8,7 +8,9 @@
 * ``scheduler``: slots, FIFO admission, page growth, preemption of the newest holder, group forks.
 * ``step``: the typed ``StepBatch``, its host builder and the jitted ``paged_step``.
 * ``decode_loop``: up to K decode steps per jitted call (``decode_loop``), on-device stops, ``SlotArrays``.
+* ``engine_config``: ``EngineConfig`` (validated static shape), raw key data.
 * ``engine``: ``PagedEngine`` (submit / submit_group / step / resume / release).
+* ``data_parallel``: ``DataParallelEngine``, one engine per device behind one ``Engine`` (CPU cores).
 * ``dense_sampler``: static-batch dense-cache sampler and a naive recompute decoder (comparison).
 """
 

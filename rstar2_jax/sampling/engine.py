@@ -51,94 +51,22 @@ sequence that can never fit (``max_seq_len`` or the whole pool) is rejected at s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import kv_cache
+from rstar2_jax.sampling.engine_config import EngineConfig, child_key_data, key_data  # noqa: F401 (re-exported)
 from rstar2_jax.sampling.interface import STOP_REASONS, EngineStats, Request, StopEvent  # noqa: F401
 from rstar2_jax.sampling.page_table import PageTable
 from rstar2_jax.sampling.placement import EngineLayout
 from rstar2_jax.sampling.scheduler import Scheduler
 from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState
 from rstar2_jax.sampling.step import StepSpec, build_step_batch, paged_step
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
-class EngineConfig:
-    """Static engine shape. Give exactly one of ``num_pages`` or ``kv_memory_bytes``."""
-
-    num_slots: int = 32  # B: sequences decoding at once (rows of the jitted step)
-    page_size: int = 16  # Z: token positions per KV page
-    max_seq_len: int = 2048  # longest sequence (prompt + all turns); block table width M = ceil(/Z)
-    num_pages: int | None = None  # KV pool size, null page included
-    kv_memory_bytes: int | None = None  # ... or the pool from a memory budget (K and V, all layers)
-    prefill_chunk: int = 64  # C: tokens per prefill/extend row per step
-    prefill_rows: int = 1  # chunks per step (each from a different sequence)
-    attention_impl: str = "reference"  # decode kernel: kv_cache.attention_impls(); "reference" = pure JAX
-    # Smaller decode row counts to compile as well (each a separate jit variant); a step uses the
-    # smallest that holds its decoding sequences. () = always num_slots rows: compiles once.
-    decode_row_buckets: tuple[int, ...] = ()
-    # K: most decode steps per jitted call when no slot needs a prefill chunk or a per-token host
-    # check (``decode_loop``); 1 = one ``paged_step`` per call always.
-    decode_steps: int = 8
-    # KV page dtype ("bfloat16" halves KV memory and bandwidth); None = the model's compute dtype.
-    # Attention always accumulates in fp32.
-    kv_dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
-        if (self.num_pages is None) == (self.kv_memory_bytes is None):
-            raise ValueError("EngineConfig: give exactly one of num_pages or kv_memory_bytes")
-        if self.num_pages is not None and self.num_pages < 2:
-            raise ValueError(f"EngineConfig.num_pages must be >= 2 (page 0 is reserved), got {self.num_pages}")
-        if any(not 0 < b < self.num_slots for b in self.decode_row_buckets):
-            raise ValueError(f"EngineConfig.decode_row_buckets must lie in (0, num_slots), got "
-                             f"{self.decode_row_buckets!r}")
-        if self.kv_dtype not in (None, "float32", "bfloat16", "float16"):
-            raise ValueError(f"EngineConfig.kv_dtype must be None, 'float32', 'bfloat16' or 'float16', "
-                             f"got {self.kv_dtype!r}")
-        if self.attention_impl not in kv_cache.attention_impls():
-            raise ValueError(f"EngineConfig.attention_impl must be one of {kv_cache.attention_impls()}, "
-                             f"got {self.attention_impl!r}")
-
-    @property
-    def max_pages_per_seq(self) -> int:
-        return -(-self.max_seq_len // self.page_size)
-
-    def resolve_num_pages(self, model_cfg: ModelConfig) -> int:
-        if self.num_pages is not None:
-            return self.num_pages
-        n = kv_cache.pages_for_budget(model_cfg, self.page_size, self.kv_memory_bytes, self.kv_dtype)
-        if n < 2:
-            raise ValueError(f"EngineConfig.kv_memory_bytes={self.kv_memory_bytes} holds {n} pages "
-                             f"(page = {kv_cache.page_bytes(model_cfg, self.page_size, self.kv_dtype)} bytes); "
-                             "need >= 2")
-        return n
-
-
-def key_data(key: Any) -> np.ndarray:
-    """Raw uint32 data of a PRNG key given as a typed key, raw key data or an int seed."""
-    if isinstance(key, (int, np.integer)):
-        key = jax.random.key(int(key))
-    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
-    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
-        key = jax.random.key_data(key)
-    return np.asarray(key, np.uint32)
-
-
-def child_key_data(key: Any, child_index: int) -> np.ndarray:
-    """Key data of group child ``i``: ``fold_in(key, i)``."""
-    return np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(key_data(key)),
-                                                             child_index)), np.uint32)
 
 
 class PagedEngine:
