@@ -3,21 +3,11 @@
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
-from rstar2_jax.config import ModelConfig
-from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.sampling import Engine, EngineConfig, Greedy, PagedEngine, Request, Temperature
 from rstar2_jax.sampling.data_parallel import DataParallelEngine
 
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=64, num_pages=14, prefill_chunk=8)
-
-
-@pytest.fixture(scope="module")
-def policy():
-    mcfg = ModelConfig.tiny()
-    graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(0)))
-    return mcfg, graphdef, params
 
 
 def _prompt(n, seed):

@@ -12,23 +12,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from flax import nnx
 
-from rstar2_jax.config import ModelConfig
-from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature, TopK
 from rstar2_jax.sampling.decode_loop import decode_loop
 from rstar2_jax.sampling.page_table import PageTable
 
 MAX_LEN = 64
 BASE = dict(num_slots=4, page_size=4, max_seq_len=MAX_LEN, prefill_chunk=8, prefill_rows=1)
-
-
-@pytest.fixture(scope="module")
-def policy():
-    cfg = ModelConfig.tiny()
-    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
 
 
 def _prompt(n, seed):

@@ -6,10 +6,7 @@ greedy reference ``naive_generate`` recomputes the whole sequence for every toke
 
 import numpy as np
 import pytest
-from flax import nnx
 
-from rstar2_jax.config import ModelConfig
-from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, kv_cache, naive_generate
 from rstar2_jax.sampling.sequence import TRANSITIONS, Seq, SeqState
 from rstar2_jax.sampling.decode_loop import decode_loop
@@ -20,13 +17,6 @@ MAX_LEN = 64
 # 8 usable pages of 4 tokens, two prefill rows: a group of a 10-token prompt (template: 9 tokens,
 # 3 pages, the last partial) fills the pool quickly.
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=MAX_LEN, num_pages=9, prefill_chunk=8, prefill_rows=2)
-
-
-@pytest.fixture(scope="module")
-def policy():
-    cfg = ModelConfig.tiny()
-    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
 
 
 def _engine(policy, cfg=CFG):

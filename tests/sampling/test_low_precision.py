@@ -15,20 +15,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy, token_logprobs
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Request, Temperature
 
 KV_BF16_ATOL = 0.01  # measured 0.0025
 ALL_BF16_ATOL = 0.05  # measured 0.017
 ECFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=64, num_pages=64, prefill_chunk=8, kv_dtype="bfloat16")
-
-
-@pytest.fixture(scope="module")
-def policy():
-    cfg = ModelConfig.tiny()
-    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
 
 
 def _sample(mcfg, graphdef, params, ecfg):

@@ -7,22 +7,13 @@ engine on it. The naive reference recomputes ``rstar2_jax.model.logits`` over al
 import jax
 import numpy as np
 import pytest
-from flax import nnx
 
-from rstar2_jax.config import ModelConfig
-from rstar2_jax.model import Qwen3, split_policy, token_logprobs
+from rstar2_jax.model import token_logprobs
 from rstar2_jax.sampling import (DenseSampler, EngineConfig, Greedy, PagedEngine, Request, Temperature, TopP,
                                  child_key_data, naive_generate)
 
 MAX_LEN = 64  # a multiple of kv_cache.KV_BLOCK (the dense sampler needs it)
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=MAX_LEN, num_pages=64, prefill_chunk=8, prefill_rows=1)
-
-
-@pytest.fixture(scope="module")
-def policy():
-    cfg = ModelConfig.tiny()
-    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
-    return cfg, graphdef, params
 
 
 def _engine(policy, cfg=CFG, **kw):
