@@ -8,7 +8,10 @@ handler); the jitted call is split into an explicit ``device_put`` of its inputs
 call itself with ``block_until_ready`` (device compute). "other" is the rest of ``step()`` (Python).
 
 Then device-only timings of one decode step's pieces at B rows (mean context 96 tokens): the whole
-jitted step, the L layers' paged attention alone (gather + online softmax), and the sampler alone.
+jitted step, the L layers' paged attention alone (gather + online softmax), and the sampler alone;
+and, inside the device decode loop itself (K steps per call, every row at context 88..96), the ms
+per step with the real attention and with attention replaced by the identity (their difference is
+what attention costs in place), with the process's CPU seconds per wall second (1.0 = one core).
 """
 
 from __future__ import annotations
@@ -125,6 +128,41 @@ def device_pieces(graphdef, params, cfg, b: int, reps: int) -> dict[str, float]:
             "sampler": samp_ms}
 
 
+def loop_split(graphdef, params, cfg, b: int, reps: int, k: int = 8) -> dict[str, tuple[float, float]]:
+    """{variant: (ms per decode step, CPU s / wall s)} of ``decode_loop`` at B rows, context 88..96."""
+    z, m, start = 16, -(-(PROMPT + NEW) // 16), 88
+    bt = 1 + np.arange(b * m, dtype=np.int32).reshape(b, m)
+    spec = loop_mod.LoopSpec(b, k, z, "reference")
+    batch = loop_mod.LoopBatch(
+        tokens_b=np.ones(b, np.int32), pos_b=np.full(b, start, np.int32), limit_b=np.full(b, k, np.int32),
+        block_tables=bt, key_data=np.zeros((b, 2), np.uint32), temperature=np.ones(b, np.float32),
+        top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32), greedy=np.zeros(b, bool),
+        stop_ids=np.full((b, loop_mod.STOP_WIDTH), -1, np.int32), exit_on_stop=np.bool_(False))
+    out = {}
+    real, raw = kv_cache.paged_attention, loop_mod.decode_loop
+    while hasattr(raw, "__wrapped__"):  # the plain function under jit (and the timing wrapper)
+        raw = raw.__wrapped__
+    for name, attn in (("decode loop, real attention", real),
+                       ("decode loop, attention = identity", lambda q, layer, bt, pos, impl="reference": q)):
+        def fresh(graphdef, params, cache, batch, spec):  # a new function object: its own trace
+            return raw(graphdef, params, cache, batch, spec)
+        fn = jax.jit(fresh, static_argnames=("graphdef", "spec"), donate_argnames=("cache",))
+        kv_cache.paged_attention = attn
+        try:
+            cache = kv_cache.init_cache(cfg, b * m + 1, z)
+            cache, tok, _, _ = fn(graphdef, params, cache, batch, spec)
+            jax.block_until_ready(tok)
+        finally:
+            kv_cache.paged_attention = real
+        t0, c0 = time.perf_counter(), time.process_time()
+        for _ in range(reps):
+            cache, tok, _, _ = fn(graphdef, params, cache, batch, spec)
+            jax.block_until_ready(tok)
+        wall = time.perf_counter() - t0
+        out[name] = (wall / reps / k * 1e3, (time.process_time() - c0) / wall)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, default=64)
@@ -153,6 +191,13 @@ def main() -> None:
     print(f"device-only pieces of one {b}-row decode step (ms, mean of {args.reps}):")
     for name, ms in device_pieces(graphdef, params, cfg, b, args.reps).items():
         print(f"  {name:28s} {ms:7.2f}")
+    if loop_mod is not None:
+        split = loop_split(graphdef, params, cfg, b, max(2, args.reps // 4))
+        print(f"inside the device decode loop ({b} rows, context 88..96):")
+        for name, (ms, cores) in split.items():
+            print(f"  {name:36s} {ms:7.2f} ms per step, {cores:.2f} cores busy")
+        (real, _), (ident, _) = split.values()
+        print(f"  -> attention costs {real - ident:.2f} ms of a {real:.2f} ms step ({(real - ident) / real:.0%})")
 
 
 if __name__ == "__main__":
