@@ -60,6 +60,7 @@ class AdmissionConfig:
     length_memory: int = 1  # batches whose final lengths seed the next batch's length model
     # Policy.DYNAMIC only:
     growth_reserve: float = 0.5  # kappa / ratio: share of the forecast growth (peak - now) to fit
+    running_reserve: float = 1.0  # share of the live members' expected growth that must fit besides what they hold
     migrate: bool = False  # a trajectory back from a tool may move (re-prefill) to a faster engine
     migrate_margin: float = 0.25  # ... if its predicted finish there is this fraction earlier at least
     history_weight: float = 2.0  # pseudo-lengths at the batch mean in a problem's predicted length
@@ -72,8 +73,9 @@ class AdmissionConfig:
         except ValueError:
             raise ValueError(f"{name}.policy must be one of {[p.value for p in Policy]}, got {self.policy!r}") \
                 from None
-        if self.growth_reserve < 0:
-            raise ValueError(f"{name}.growth_reserve must be >= 0, got {self.growth_reserve}")
+        if self.growth_reserve < 0 or self.running_reserve < 0:
+            raise ValueError(f"{name}: growth_reserve and running_reserve must be >= 0, got "
+                             f"{self.growth_reserve}, {self.running_reserve}")
         if not 0 <= self.migrate_margin < 1:
             raise ValueError(f"{name}.migrate_margin must be in [0, 1), got {self.migrate_margin}")
         if self.history_weight <= 0 or self.history_per_key < 1:

@@ -28,10 +28,12 @@ growth_reserve * ratio)`` (0: admit to the memory limit now, as static; 1: capac
 ratio 1) starts optimistic (``growth_reserve``); preemption is the safety valve (its recompute
 counted by the caller) and each one raises the adaptive ratio (``+ratio_up``), each admission decays
 it, so after overflows more of the growth is reserved. ``migration`` (``migrate=True``) proposes
-moving a member back from a tool to another engine (re-prefill of its context there) when its
-predicted remaining tokens (``LengthModel.residual`` at its problem's scale) plus the prefill steps
-finish there at least ``migrate_margin`` earlier (seconds per step as the caller measures them), and
-that engine has a free slot and the pages.
+moving a member back from a tool to another engine (re-prefill of its context there) when it is
+the straggler (its predicted finish where it is comes after every other engine's longest live
+member's) and its predicted remaining tokens (``LengthModel.residual`` at its problem's scale) plus
+the prefill steps finish there at least ``migrate_margin`` earlier (seconds per step as the caller
+measures them), and that engine has a free slot and the pages. ``_room`` also holds a group back
+while the live members' own expected growth (``running_reserve`` of it) would outgrow the pool.
 
 Events the caller reports, in its own order: ``on_submit`` (a group or part of one went to an
 engine), ``on_progress`` (a member reached a turn boundary, ``waiting`` for a tool, or resumed),
@@ -226,23 +228,27 @@ class AdmissionLedger:
         return slots - (self._books[e].live_n - len(self._books[e].waiting))
 
     def _room(self, e: int, tokens: int, n: int) -> bool:
-        """Pages for ``n`` samples of a ``tokens``-token prompt on ``e``: held now plus ``kappa`` of
-        the forecast growth (expected pages over the next tokens minus now plus ``reserve_sigma``
-        standard deviations, the new samples' included, at its peak) fit the pool (an empty
-        engine: always)."""
+        """Pages for ``n`` samples of a ``tokens``-token prompt on ``e`` (an empty engine: always):
+        held now (the new samples' prompt included) plus ``running_reserve`` of the expected growth
+        of the members already live (what they will need anyway) fit the pool, and held now plus
+        ``kappa`` of the forecast growth (expected pages over the next tokens minus now plus
+        ``reserve_sigma`` standard deviations, the new samples' included, at its peak) fit too."""
         b, ps = self._books[e], self.shapes[e].page_size
         if not b.live_n:
             return True
         held = self.held_pages(e) + tokens // ps + n  # shared full pages, one page each for the rest
+        usable = self.shapes[e].usable_pages
         kappa = min(1.0, self.cfg.growth_reserve * self.ratio.value)  # preemptions raise it, admissions decay it
-        if not kappa:
-            return held <= self.shapes[e].usable_pages
+        if not kappa and not self.cfg.running_reserve:
+            return held <= usable
         self.refresh(e)
+        if held + self.cfg.running_reserve * float(np.max(b.curve - b.curve[0])) > usable:
+            return False  # the live members alone are expected to outgrow the pool
         m1, v1 = forecast(self.model, [0], [tokens % ps], self.budget, ps)
         curve = b.curve + n * m1
         sd = self.cfg.reserve_sigma * np.sqrt(b.var + n * n * v1)  # the new samples fully correlated
         growth = float(np.max(curve - curve[0] + sd))
-        return held + kappa * growth <= self.shapes[e].usable_pages
+        return held + kappa * growth <= usable
 
     def set_step_s(self, e: int, seconds: float) -> None:
         """Engine ``e`` takes ``seconds`` per step (as measured; the dynamic policy's speed)."""
@@ -272,12 +278,18 @@ class AdmissionLedger:
 
     def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> int | None:
         """Engine that ``member`` (on ``e``, back from a tool, ``context`` tokens so far) should move
-        to, or None: where its predicted remaining tokens plus the re-prefill finish at least
-        ``migrate_margin`` earlier (``step_s[x]``: seconds per step of engine ``x`` now)."""
+        to, or None. Only a straggler moves (its predicted finish where it is, ``step_s[e]`` x its
+        predicted remaining tokens, is later than every other engine's: the soonest an engine ends
+        is when its longest live member does), and only where its remaining tokens plus the
+        re-prefill finish at least ``migrate_margin`` earlier (``step_s[x]``: seconds per step of
+        engine ``x`` now): a move off the critical path shortens nothing and costs its context."""
         if self.cfg.policy is not Policy.DYNAMIC or not self.cfg.migrate:
             return None
         rem = self.predicted_remaining(e, member)
-        limit = rem * step_s[e] * (1 - self.cfg.migrate_margin)
+        stay = rem * step_s[e]
+        if any(self.finish_estimate(f, step_s[f]) >= stay for f in range(len(self.shapes)) if f != e):
+            return None  # another engine ends later anyway
+        limit = stay * (1 - self.cfg.migrate_margin)
         times = []
         for f in range(len(self.shapes)):
             chunk = self.shapes[f].prefill_chunk
@@ -288,6 +300,11 @@ class AdmissionLedger:
             if self._room(f, context, 1):
                 return f
         return None
+
+    def finish_estimate(self, e: int, step_s: float) -> float:
+        """Seconds until ``e``'s longest live member ends (predicted; 0 if none): ``step_s`` x the
+        largest predicted remaining tokens."""
+        return step_s * max((self.predicted_remaining(e, m) for m in self._books[e].live), default=0.0)
 
     # -- events ------------------------------------------------------------------------------------
     def on_submit(self, e: int, group: Hashable, prompt_len: int, members: Sequence[Hashable],

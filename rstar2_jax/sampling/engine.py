@@ -8,8 +8,8 @@ preempted one (everything) has more, and is fed in chunks of ``prefill_chunk`` t
 token left over goes through a decode row).
 
 Parts: ``sequence`` (``Seq``, ``GroupTemplate`` and the ``SeqState`` transition table),
-``scheduler`` (slots, FIFO admission, page growth, preemption of the newest page holder, group
-forks), ``step`` (the typed ``StepBatch``, its host builder and the jitted ``paged_step``),
+``scheduler`` (slots, FIFO admission, page growth, preemption of the holder with the least to
+recompute, group forks), ``step`` (the typed ``StepBatch``, its host builder and the jitted ``paged_step``),
 ``page_table`` (host pages) and ``kv_cache`` (device pages). This module validates requests, runs
 the step and turns sampled tokens into stops.
 
@@ -44,8 +44,8 @@ Randomness: the token at index ``i`` of a sequence is sampled with ``fold_in(seq
 request gives the same tokens whatever slot it lands in, whatever else runs, and after preemption.
 
 Memory: pages are allocated when a sequence is admitted to a slot (for all its tokens) and one at a
-time as it decodes; when the pool runs out the newest page holder is preempted (``scheduler``). A
-sequence that can never fit (``max_seq_len`` or the whole pool) is rejected at submit/resume.
+time as it decodes; when the pool runs out the page holder with the fewest cached tokens is
+preempted (``scheduler``). A sequence that can never fit (``max_seq_len`` or the whole pool) is rejected at submit/resume.
 """
 
 from __future__ import annotations
@@ -90,12 +90,17 @@ class EngineConfig:
     # KV page dtype ("bfloat16" halves KV memory and bandwidth); None = the model's compute dtype.
     # Attention always accumulates in fp32.
     kv_dtype: str | None = None
+    # A preempted sequence returns to a slot only with this many free pages per sequence in a slot
+    # left over (at most a quarter of the pool): into an exact fit it would be preempted again (thrash).
+    readmit_headroom: int = 4
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
+        if not isinstance(self.readmit_headroom, int) or self.readmit_headroom < 0:
+            raise ValueError(f"EngineConfig.readmit_headroom must be an int >= 0, got {self.readmit_headroom!r}")
         if (self.num_pages is None) == (self.kv_memory_bytes is None):
             raise ValueError("EngineConfig: give exactly one of num_pages or kv_memory_bytes")
         if self.num_pages is not None and self.num_pages < 2:
@@ -172,7 +177,7 @@ class PagedEngine:
             self.cache = layout.put_cache(self.cache)
         elif device is not None:
             self.cache = jax.device_put(self.cache, device)
-        self.scheduler = Scheduler(self.page_table, cfg.num_slots)
+        self.scheduler = Scheduler(self.page_table, cfg.num_slots, cfg.readmit_headroom)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
         self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
         self._loop_spec = loop_mod.LoopSpec(cfg.num_slots, cfg.decode_steps, cfg.page_size, cfg.attention_impl)

@@ -68,8 +68,10 @@ def test_dynamic_places_on_the_engine_that_frees_a_slot_first():
 
 def test_dynamic_admits_to_the_memory_limit_plus_a_share_of_the_forecast_growth():
     # 12 pages, budget 64 (4 pages of growth a sample at most); a 20-token prompt holds 1 shared page
-    # + 1 page each. Now-only (growth_reserve 0): 1 + 4 + (1 + 4) = 10 <= 12 admits a second group.
-    now_only, progress = _ledger(AdmissionConfig(policy="dynamic", growth_reserve=0.0), slots=0, pages=12, n=1)
+    # + 1 page each. Now-only (growth_reserve and running_reserve 0): 1 + 4 + (1 + 4) = 10 <= 12 admits
+    # a second group.
+    now_only, progress = _ledger(AdmissionConfig(policy="dynamic", growth_reserve=0.0, running_reserve=0.0),
+                                 slots=0, pages=12, n=1)
     now_only.on_submit(0, "a", 20, ["a0", "a1", "a2", "a3"])
     assert now_only.place(20, 4) is not None
     progress.update(a0=40, a1=40, a2=40, a3=40)  # each now holds ceil((4 + 40) / 16) = 3 pages: 13 > 12
@@ -78,6 +80,39 @@ def test_dynamic_admits_to_the_memory_limit_plus_a_share_of_the_forecast_growth(
     full, _ = _ledger(AdmissionConfig(policy="dynamic", growth_reserve=1.0), slots=0, pages=12, n=1)
     full.on_submit(0, "a", 20, ["a0", "a1", "a2", "a3"])
     assert full.place(20, 4) is None
+
+
+def test_dynamic_holds_a_group_back_while_the_live_members_alone_outgrow_the_pool():
+    # No share of the new group's growth (growth_reserve 0), but the live members' own expected growth
+    # must fit (running_reserve 1): the cold model sends each of a's 4 samples from 2 pages to 5
+    # (ceil((4 + 64) / 16)): 10 held after admission + 12 > 12 pages: wait. On a 22-page engine it fits.
+    cfg = AdmissionConfig(policy="dynamic", growth_reserve=0.0)
+    for pages, fits in ((12, False), (22, True)):
+        ledger, _ = _ledger(cfg, slots=0, pages=pages, n=1)
+        ledger.on_submit(0, "a", 20, ["a0", "a1", "a2", "a3"])
+        assert (ledger.place(20, 4) is not None) is fits
+    with pytest.raises(ValueError, match="running_reserve"):
+        AdmissionConfig(running_reserve=-1.0)
+
+
+def test_only_the_straggler_migrates():
+    # e0 steps in 0.4 s. y (on e0, back from a tool, ~40 tokens predicted left) may move to e1 while
+    # e1's longest live member ends before y would where it is (y is the straggler); once e1's own
+    # work ends later (e1 slowed down), moving y shortens nothing: it stays, although it would still
+    # finish 25% sooner there (the margin alone would move it).
+    cfg = AdmissionConfig(policy="dynamic", migrate=True)
+    hist = {"Y": [48] * 4, "X": [64] * 4}
+    ledger, progress = _ledger(cfg, slots=4, pages=63, history=hist, lengths=[48] * 4 + [64] * 4)
+    ledger.on_submit(0, "gy", 20, ["y"], "Y")
+    progress["y"] = 8
+    assert ledger.migration(0, "y", 28, [0.4, 0.1]) == 1  # e1 idle
+    ledger.on_submit(1, "gx", 20, ["x"], "X")
+    rem_y, rem_x = ledger.predicted_remaining(0, "y"), ledger.predicted_remaining(1, "x")
+    assert ledger.finish_estimate(1, 0.1) == pytest.approx(0.1 * rem_x) and rem_x > rem_y
+    assert ledger.migration(0, "y", 28, [0.4, 0.1]) == 1  # x ends (0.1 x rem_x) before y would (0.4 x rem_y)
+    slow = 0.4 * rem_y / rem_x + 0.01  # now x ends after y would
+    assert (rem_y + 1) * slow < 0.75 * 0.4 * rem_y  # the margin test alone would still move y
+    assert ledger.migration(0, "y", 28, [0.4, slow]) is None
 
 
 # -- simulator: hand-computed ----------------------------------------------------------------------
