@@ -143,6 +143,7 @@ class AdmissionLedger:
         self._group_prompt: dict[int, int] = {}  # group index -> prompt tokens
         self._group_key: dict[int, Hashable] = {}  # group index -> problem key
         self._group_pred: dict[int, float] = {}  # group index -> predicted tokens at submission
+        self._group_scale: dict[int, float] = {}  # group index -> its length scale in the forecast (dynamic)
         self._batch_by_key: dict[Hashable, list[int]] = {}  # this batch's final lengths per key
         self.admissions = []
 
@@ -204,6 +205,14 @@ class AdmissionLedger:
         w = self.cfg.history_weight
         return (sum(seen) + w * mean) / (len(seen) + w)
 
+    def scale(self, key: Hashable) -> float:
+        """A problem's length over the batch's typical one (policy "dynamic": its predicted total
+        over the model's mean, in [1/4, 4]; the forecast stretches the length model by it): 1 for
+        the other policies, or without a model."""
+        if self.cfg.policy is not Policy.DYNAMIC or self.model is None:
+            return 1.0
+        return float(np.clip(self.predicted_total(key) / max(self.model.mean(), 1e-9), 0.25, 4.0))
+
     def long_first(self, keys: Sequence[Hashable]) -> list[int]:
         """Indices of ``keys`` (problems), longest predicted first (ties: the given order)."""
         pred = [self.predicted_total(k) for k in keys]
@@ -227,12 +236,13 @@ class AdmissionLedger:
         slots = self.shapes[e].num_slots or math.inf
         return slots - (self._books[e].live_n - len(self._books[e].waiting))
 
-    def _room(self, e: int, tokens: int, n: int) -> bool:
+    def _room(self, e: int, tokens: int, n: int, scale: float = 1.0) -> bool:
         """Pages for ``n`` samples of a ``tokens``-token prompt on ``e`` (an empty engine: always):
         held now (the new samples' prompt included) plus ``running_reserve`` of the expected growth
         of the members already live (what they will need anyway) fit the pool, and held now plus
         ``kappa`` of the forecast growth (expected pages over the next tokens minus now plus
-        ``reserve_sigma`` standard deviations, the new samples' included, at its peak) fit too."""
+        ``reserve_sigma`` standard deviations, the new samples' included, at its peak; they run
+        ``scale`` times the model's length) fit too."""
         b, ps = self._books[e], self.shapes[e].page_size
         if not b.live_n:
             return True
@@ -244,7 +254,7 @@ class AdmissionLedger:
         self.refresh(e)
         if held + self.cfg.running_reserve * float(np.max(b.curve - b.curve[0])) > usable:
             return False  # the live members alone are expected to outgrow the pool
-        m1, v1 = forecast(self.model, [0], [tokens % ps], self.budget, ps)
+        m1, v1 = forecast(self.model, [0], [tokens % ps], self.budget, ps, scales=[scale])
         curve = b.curve + n * m1
         sd = self.cfg.reserve_sigma * np.sqrt(b.var + n * n * v1)  # the new samples fully correlated
         growth = float(np.max(curve - curve[0] + sd))
@@ -255,24 +265,43 @@ class AdmissionLedger:
         if seconds > 0:
             self.step_s[e] = float(seconds)
 
-    def work(self, e: int) -> float:
+    def work(self, e: int) -> tuple[float, float]:
         """Predicted remaining tokens of ``e``'s live members (their problems' predicted lengths
-        minus their progress, at least 1 each)."""
+        minus their progress, at least 1 each): their sum and the largest (0, 0 if none)."""
         b = self._books[e]
-        return sum(max(self._group_pred[gi] - self.progress(m), 1.0) for m, (_, gi, _) in b.live.items())
+        rem = [max(self._group_pred[gi] - self.progress(m), 1.0) for m, (_, gi, _) in b.live.items()]
+        return float(sum(rem)), max(rem, default=0.0)
+
+    def rows(self, e: int, prompt_len: int) -> float:
+        """Sequences ``e`` runs at once: its slots, or fewer if its pool holds fewer sequences of a
+        ``prompt_len``-token prompt plus the length model's mean."""
+        mean = self.model.mean() if self.model is not None else float(self.budget)
+        fit = self.shapes[e].usable_pages * self.shapes[e].page_size / max(mean + prompt_len, 1.0)
+        return max(1.0, min(self.shapes[e].num_slots or math.inf, fit))
+
+    def predicted_finish(self, e: int, prompt_len: int, n: int, pred: float) -> float:
+        """Seconds until ``e`` would end its live members plus ``n`` new samples of ``pred`` tokens
+        each: ``step_s`` x steps, the steps the longest member's remaining tokens or all remaining
+        tokens over the rows it runs at once (``rows``), whichever is more (a step advances every
+        row: with free rows an engine ends when its longest member does; when memory or slots bind,
+        when its work is done)."""
+        total, longest = self.work(e)
+        total += n * pred
+        return self.step_s[e] * max(longest, pred if n else 0.0, total / self.rows(e, prompt_len))
 
     def _place_dynamic(self, prompt_len: int, n: int, key: Hashable) -> Placement | None:
-        """The engine, among those with a free slot and room, that would finish its predicted work
-        with this group's first (seconds per step x predicted tokens; ties: fewest pages held, then
-        lowest index); the forecast is computed only for the candidates tried."""
-        add = n * self.predicted_total(key)
+        """The engine, among those with a free slot and room, that would end its predicted work
+        with this group's first (``predicted_finish``; ties: fewest pages held, then lowest
+        index); the forecast is computed only for the candidates tried."""
+        pred = self.predicted_total(key)
         ranked = []
         for e in range(len(self.shapes)):
             if self.free_slots(e) > 0:
                 held = self.held_pages(e) / self.shapes[e].usable_pages
-                ranked.append((self.step_s[e] * (self.work(e) + add), held, e))
+                ranked.append((self.predicted_finish(e, prompt_len, n, pred), held, e))
+        scale = self.scale(key)
         for *_, e in sorted(ranked):
-            if self._room(e, prompt_len, n):
+            if self._room(e, prompt_len, n, scale):
                 return Placement(e, n)
         return None
 
@@ -296,8 +325,9 @@ class AdmissionLedger:
             t = (rem + (math.ceil(context / chunk) if chunk else 1)) * step_s[f]
             if f != e and t < limit and self.free_slots(f) > 0:
                 times.append((t, f))
+        scale = self._group_scale[self._books[e].live[member][1]]
         for _, f in sorted(times):  # the soonest finish with the pages for the context
-            if self._room(f, context, 1):
+            if self._room(f, context, 1, scale):
                 return f
         return None
 
@@ -320,6 +350,7 @@ class AdmissionLedger:
         self._group_prompt[gi] = prompt_len
         self._group_key[gi] = key
         self._group_pred[gi] = self.predicted_total(key) if self.cfg.policy is Policy.DYNAMIC else 0.0
+        self._group_scale[gi] = self.scale(key)
         for m in members:
             b.live[m] = (prompt_len % ps, gi, offset)
         self.refresh(e)
@@ -382,4 +413,4 @@ class AdmissionLedger:
             for m, u in zip(members, used):
                 self.model.track(m, u)
         b.curve, b.var = forecast(self.model, used, [b.live[m][0] for m in members], self.budget, ps,
-                                  [b.live[m][1] for m in members])
+                                  [b.live[m][1] for m in members], [self._group_scale[b.live[m][1]] for m in members])

@@ -3,6 +3,7 @@ growth share it admits to, migration of a trajectory back from a tool; in the le
 simulator (hand-computed makespans) and through the real Dispatcher over scripted engines."""
 
 import concurrent.futures
+import dataclasses
 
 import pytest
 
@@ -272,3 +273,58 @@ def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypat
             Admission(0, prompt_lens[2], 4)]
     assert real.admissions[:4] == simulated.admissions[:4] == want
     assert sum(a.n for a in real.admissions) == sum(a.n for a in simulated.admissions) == 24
+
+
+def test_worker_reports_model_steps_and_waiting_groups_are_not_retried_every_step(monkeypatch):
+    """An engine whose ``step()`` runs a decode loop of 8 model steps and ends a turn every 5th
+    call: the worker reports 8 steps a call (the dispatcher's clock of progress). With single
+    steps, a group waiting for a slot is placed again after a stop or every ``ADMIT_EVERY`` steps,
+    not after every step."""
+    import queue as queue_mod
+
+    from rstar2_jax.rollout import dispatcher as disp
+    from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+    from rstar2_jax.rollout.messages import Stepped
+    from rstar2_jax.rollout.template import TemplateConfig
+    from rstar2_jax.rollout.worker import EngineWorker
+    from rstar2_jax.tokenizer import ByteTokenizer
+    from tests.rollout.fakes import ScriptedEngine
+
+    class Looping(ScriptedEngine):
+        calls, per_call = 0, 8
+
+        def step(self):
+            self.calls += 1
+            return super().step() if self.calls % 5 == 0 else []
+
+        def stats(self):
+            return dataclasses.replace(super().stats(), steps=self.per_call * self.calls)
+
+    tok, tpl = ByteTokenizer(), TemplateConfig.toy()
+    answer = "y" * 20 + "</reason><answer>\\boxed{1}</answer><|im_end|>"
+    out: queue_mod.Queue = queue_mod.Queue()
+    eng = Looping(tok, lambda *a: answer)
+    eng.submit_group(type("R", (), dict(prompt=[1, 2], max_new_tokens=64, stop_token_ids=()))(), 1)
+    w = EngineWorker(0, eng, out, 0.0)
+    w.start()
+    msgs = [out.get(timeout=10) for _ in range(5)]
+    w.commands.put(disp.StopWorker())
+    w.join(timeout=10)
+    assert [m.steps for m in msgs if isinstance(m, Stepped)] == [8] * 5 and msgs[-1].events
+
+    class P:
+        def __init__(self, i):
+            self.id, self.problem, self.answer = f"p{i}", f"What is {i}?", "1"
+
+    places = []
+    real_place = disp.AdmissionLedger.place
+    monkeypatch.setattr(disp.AdmissionLedger, "place",
+                        lambda self, *a, **k: places.append(1) or real_place(self, *a, **k))
+    engines = [Looping(tok, lambda *a: answer, num_slots=2) for _ in range(2)]
+    for e in engines:
+        e.per_call = 1  # single steps: a call per step
+    cfg = RolloutConfig(n_samples=2, budget=128, template=tpl, policy="dynamic")
+    res = Dispatcher(engines, _Pool(), tok, cfg).run([P(i) for i in range(6)])
+    assert all(t.done_reason == "answer" for t in res.trajectories)
+    calls = sum(e.calls for e in engines)
+    assert len(places) < calls / 2, (len(places), calls)  # ~ once per stop, not once per step
