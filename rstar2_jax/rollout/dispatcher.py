@@ -9,16 +9,17 @@ asynchronously and feeds results back. Messages are ``rollout.messages`` datacla
 Admission is the ``AdmissionLedger``'s (``rollout.ledger``, shared with the simulator): a problem's
 samples are one group (they share the prompt's pages); ``policy="capacity"`` places the head group
 on the engine with the most forecast capacity if it fits there, ``policy="static"`` splits the
-groups evenly up front (KV overflow: the engine preempts the newest sequence, which recomputes
-later), ``policy="dynamic"`` keeps the groups pending longest-predicted first and hands the head one
-to the engine that would finish its predicted work with it first, among those with a free slot and
-room (pages held now plus a share of the forecast growth, ``rollout.ledger``; overflow preempts),
+groups evenly up front (KV overflow: the engine preempts the sequence with the least to recompute,
+which recomputes later), ``policy="dynamic"`` keeps the groups pending longest-predicted first and
+hands the head one to the engine that would end its predicted work with it first, among those with
+a free slot and room (pages held now plus the live members' expected growth and a share of the
+forecast growth, ``rollout.ledger``; overflow preempts),
 and with ``migrate`` a trajectory back from a tool may move to an engine where it is
 predicted to finish sooner (its context is prefilled there again; the seconds per step of each
 engine are measured from its steps). The dispatcher's view of a live trajectory's progress is its
-tokens at its last turn boundary plus, while it generates, the engine steps seen since (one token
-per step at most). The ledger's length model and adaptive ratio persist across ``run`` calls:
-admission starts from what the policy does now, not from the pessimistic prior, and it remembers
+tokens at its last turn boundary plus, while it generates, the engine's model steps since (one
+token per step at most; ``Stepped.steps``: a decode-loop call runs several). The ledger's length
+model and adaptive ratio persist across ``run`` calls: admission starts from what the policy does now, not from the pessimistic prior, and it remembers
 each problem's final lengths (the long-first order). Unless it migrates, a trajectory stays on its
 engine across turns; its forecast is dropped when it finishes, aborts or errors.
 """

@@ -16,24 +16,27 @@ never reads a forecast: ``static_split`` assigns groups evenly (contiguous) up f
 ``policy="dynamic"`` reserves nothing ahead at first, as static; the caller keeps its groups pending
 in ``long_first`` order (predicted tokens: the problem's remembered final lengths, shrunk towards
 the length model's mean by ``history_weight`` pseudo-lengths) and ``place`` hands the head group,
-whole, to the engine that would finish its predicted work with the group's first (``step_s`` seconds
-per step, as the caller measures them, times the predicted remaining tokens of its live members plus
-the group's; ties: fewest pages held), among those with a free slot (``num_slots`` minus live
-members not waiting for a tool) whose pages held now (shared prompts + private prompt and progress
-of its live members) plus ``kappa`` of its forecast growth (expected pages minus now plus
-``reserve_sigma`` standard deviations at the peak, the new samples' included) leave room for the
-group's prompt and one page per sample; none: wait. A full engine takes no group: the one that frees
-a slot (or pages) first gets the next; a faster engine is given more work. ``kappa = min(1,
-growth_reserve * ratio)`` (0: admit to the memory limit now, as static; 1: capacity's reservation at
-ratio 1) starts optimistic (``growth_reserve``); preemption is the safety valve (its recompute
-counted by the caller) and each one raises the adaptive ratio (``+ratio_up``), each admission decays
-it, so after overflows more of the growth is reserved. ``migration`` (``migrate=True``) proposes
-moving a member back from a tool to another engine (re-prefill of its context there) when it is
-the straggler (its predicted finish where it is comes after every other engine's longest live
-member's) and its predicted remaining tokens (``LengthModel.residual`` at its problem's scale) plus
-the prefill steps finish there at least ``migrate_margin`` earlier (seconds per step as the caller
-measures them), and that engine has a free slot and the pages. ``_room`` also holds a group back
-while the live members' own expected growth (``running_reserve`` of it) would outgrow the pool.
+whole, to the engine that would end its predicted work with the group's first (``predicted_finish``:
+``step_s`` seconds per step, as the caller measures them, times the larger of the longest predicted
+remaining tokens and all predicted remaining tokens over the rows the engine runs at once; ties:
+fewest pages held), among those with a free slot (``num_slots`` minus live members not waiting for a
+tool) whose pages held now (shared prompts + private prompt and progress of its live members) plus
+the live members' expected growth (``running_reserve`` of it) leave room for the group's prompt and
+one page per sample, and whose pages held plus ``kappa`` of its forecast growth (expected pages
+minus now plus ``reserve_sigma`` standard deviations at the peak, the new samples' included) do too;
+none: wait. Under this policy the forecast stretches the length model by each problem's predicted
+length over the model's mean (``scale``): long-first puts the long problems together. A full engine
+takes no group: the one that frees a slot (or pages) first gets the next; a faster engine is given
+more work. ``kappa = min(1, growth_reserve * ratio)`` (0: admit to the memory limit now, as static;
+1: capacity's reservation at ratio 1) starts optimistic (``growth_reserve``); preemption is the
+safety valve (its recompute counted by the caller) and each one raises the adaptive ratio
+(``+ratio_up``), each admission decays it, so after overflows more of the growth is reserved.
+``migration`` (``migrate=True``) proposes moving a member back from a tool to another engine
+(re-prefill of its context there) when it is the straggler (its predicted finish where it is comes after
+every other engine's longest live member's) and its predicted remaining tokens
+(``LengthModel.residual`` at its problem's scale) plus the prefill steps finish there at least
+``migrate_margin`` earlier (seconds per step as the caller measures them), and that engine has a
+free slot and the pages.
 
 Events the caller reports, in its own order: ``on_submit`` (a group or part of one went to an
 engine), ``on_progress`` (a member reached a turn boundary, ``waiting`` for a tool, or resumed),

@@ -45,7 +45,8 @@ request gives the same tokens whatever slot it lands in, whatever else runs, and
 
 Memory: pages are allocated when a sequence is admitted to a slot (for all its tokens) and one at a
 time as it decodes; when the pool runs out the page holder with the fewest cached tokens is
-preempted (``scheduler``). A sequence that can never fit (``max_seq_len`` or the whole pool) is rejected at submit/resume.
+preempted (``scheduler``). A sequence that can never fit (``max_seq_len`` or the whole pool) is
+rejected at submit/resume.
 """
 
 from __future__ import annotations
