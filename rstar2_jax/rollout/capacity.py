@@ -161,14 +161,13 @@ class LengthModel:
 
 def forecast(model: LengthModel | None, used: Sequence[int] | np.ndarray, base: Sequence[int] | np.ndarray,
              budget: int, page_size: int, groups: Sequence[int] | None = None,
-             scales: Sequence[float] | np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+             survival: tuple[np.ndarray, Sequence[int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Expected pages and their variance (``f64[B // Z + 1]`` each) at ``tau = 0, Z, ..., B`` tokens
     from now, summed over live trajectories (``used[i]`` response tokens so far, ``base[i]``
     private prompt tokens). Samples of one group (same ``groups[i]``) are taken as fully correlated
     (one difficulty), different groups as independent; no ``groups``: all independent.
-    ``scales[i]``: trajectory ``i``'s length is ``scales[i]`` times the model's (its problem runs
-    longer or shorter than the batch's typical one: ``S_i(x) = S(x / scales[i])``, still cut at the
-    budget); None: all 1."""
+    ``survival = (rows, index)``: trajectory ``i`` follows ``rows[index[i]]`` (``f64[R, B + 1]``, its
+    problem's own ``P(L > x)``, ``AdmissionLedger.survival_of``) instead of the model's."""
     taus = np.arange(0, budget + 1, page_size)
     base = np.asarray(base, np.int64).reshape(-1, 1)
     if model is None or not len(base):
@@ -177,12 +176,11 @@ def forecast(model: LengthModel | None, used: Sequence[int] | np.ndarray, base: 
     u = np.clip(np.asarray(used, np.int64), 0, budget).reshape(-1, 1)
     s = model.survival()
     x = np.minimum(u + taus, budget)  # i64[n, K]
-    if scales is None:
+    if survival is None:
         su, sx = s[u], s[x]
     else:
-        c = np.maximum(np.asarray(scales, np.float64).reshape(-1, 1), 1e-6)
-        su = s[np.minimum(u / c, budget).astype(np.int64)]
-        sx = np.where(x >= budget, 0.0, s[np.minimum(x / c, budget).astype(np.int64)])
+        rows, idx = survival[0], np.asarray(survival[1], np.int64).reshape(-1, 1)
+        su, sx = rows[idx, u], rows[idx, x]
     alive = np.where(su > 0, sx / np.where(su > 0, su, 1.0), 0.0)
     alive[:, 0] = 1.0  # it holds its pages now
     # alive past x it may grow to x + Z before the next grid point: count those pages (an upper bound)

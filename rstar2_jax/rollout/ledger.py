@@ -24,8 +24,8 @@ tool) whose pages held now (shared prompts + private prompt and progress of its 
 the live members' expected growth (``running_reserve`` of it) leave room for the group's prompt and
 one page per sample, and whose pages held plus ``kappa`` of its forecast growth (expected pages
 minus now plus ``reserve_sigma`` standard deviations at the peak, the new samples' included) do too;
-none: wait. Under this policy the forecast stretches the length model by each problem's predicted
-length over the model's mean (``scale``): long-first puts the long problems together. A full engine
+none: wait. Under this policy the forecast follows each problem's own lengths (``survival_of``):
+long-first puts the long problems together. A full engine
 takes no group: the one that frees a slot (or pages) first gets the next; a faster engine is given
 more work. ``kappa = min(1, growth_reserve * ratio)`` (0: admit to the memory limit now, as static;
 1: capacity's reservation at ratio 1) starts optimistic (``growth_reserve``); preemption is the
@@ -146,7 +146,7 @@ class AdmissionLedger:
         self._group_prompt: dict[int, int] = {}  # group index -> prompt tokens
         self._group_key: dict[int, Hashable] = {}  # group index -> problem key
         self._group_pred: dict[int, float] = {}  # group index -> predicted tokens at submission
-        self._group_scale: dict[int, float] = {}  # group index -> its length scale in the forecast (dynamic)
+        self._group_surv: dict[int, np.ndarray | None] = {}  # group index -> its problem's survival (dynamic)
         self._batch_by_key: dict[Hashable, list[int]] = {}  # this batch's final lengths per key
         self.admissions = []
 
@@ -208,13 +208,23 @@ class AdmissionLedger:
         w = self.cfg.history_weight
         return (sum(seen) + w * mean) / (len(seen) + w)
 
-    def scale(self, key: Hashable) -> float:
-        """A problem's length over the batch's typical one (policy "dynamic": its predicted total
-        over the model's mean, in [1/4, 4]; the forecast stretches the length model by it): 1 for
-        the other policies, or without a model."""
+    def survival_of(self, key: Hashable) -> np.ndarray | None:
+        """``f64[B + 1]``: ``P(L > x)`` for a sample of problem ``key`` (policy "dynamic"; None
+        otherwise or without a model): its remembered final lengths (empirical) mixed with
+        ``history_weight`` pseudo-samples of the length model stretched by the problem's predicted
+        length over the model's mean (``S(x / c)``, ``c`` in [1/4, 4], cut at the budget). The
+        batch-wide model alone spreads every problem over every problem's lengths: long-first puts
+        the long problems together, and their growth was underestimated."""
         if self.cfg.policy is not Policy.DYNAMIC or self.model is None:
-            return 1.0
-        return float(np.clip(self.predicted_total(key) / max(self.model.mean(), 1e-9), 0.25, 4.0))
+            return None
+        x = np.arange(self.budget + 1)
+        c = float(np.clip(self.predicted_total(key) / max(self.model.mean(), 1e-9), 0.25, 4.0))
+        prior = np.where(x >= self.budget, 0.0, self.model.survival()[np.minimum(x / c, self.budget).astype(np.int64)])
+        seen = np.asarray(self.by_key.get(key, []) + self._batch_by_key.get(key, []))
+        if not len(seen):
+            return prior
+        w = self.cfg.history_weight
+        return (w * prior + (seen[:, None] > x).sum(0)) / (w + len(seen))
 
     def long_first(self, keys: Sequence[Hashable]) -> list[int]:
         """Indices of ``keys`` (problems), longest predicted first (ties: the given order)."""
@@ -239,13 +249,13 @@ class AdmissionLedger:
         slots = self.shapes[e].num_slots or math.inf
         return slots - (self._books[e].live_n - len(self._books[e].waiting))
 
-    def _room(self, e: int, tokens: int, n: int, scale: float = 1.0) -> bool:
+    def _room(self, e: int, tokens: int, n: int, surv: np.ndarray | None = None) -> bool:
         """Pages for ``n`` samples of a ``tokens``-token prompt on ``e`` (an empty engine: always):
         held now (the new samples' prompt included) plus ``running_reserve`` of the expected growth
         of the members already live (what they will need anyway) fit the pool, and held now plus
         ``kappa`` of the forecast growth (expected pages over the next tokens minus now plus
-        ``reserve_sigma`` standard deviations, the new samples' included, at its peak; they run
-        ``scale`` times the model's length) fit too."""
+        ``reserve_sigma`` standard deviations, the new samples' included, at its peak; ``surv``:
+        their problem's survival, ``survival_of``) fit too."""
         b, ps = self._books[e], self.shapes[e].page_size
         if not b.live_n:
             return True
@@ -257,7 +267,8 @@ class AdmissionLedger:
         self.refresh(e)
         if held + self.cfg.running_reserve * float(np.max(b.curve - b.curve[0])) > usable:
             return False  # the live members alone are expected to outgrow the pool
-        m1, v1 = forecast(self.model, [0], [tokens % ps], self.budget, ps, scales=[scale])
+        m1, v1 = forecast(self.model, [0], [tokens % ps], self.budget, ps,
+                          survival=None if surv is None else (surv[None], [0]))
         curve = b.curve + n * m1
         sd = self.cfg.reserve_sigma * np.sqrt(b.var + n * n * v1)  # the new samples fully correlated
         growth = float(np.max(curve - curve[0] + sd))
@@ -302,9 +313,9 @@ class AdmissionLedger:
             if self.free_slots(e) > 0:
                 held = self.held_pages(e) / self.shapes[e].usable_pages
                 ranked.append((self.predicted_finish(e, prompt_len, n, pred), held, e))
-        scale = self.scale(key)
+        surv = self.survival_of(key)
         for *_, e in sorted(ranked):
-            if self._room(e, prompt_len, n, scale):
+            if self._room(e, prompt_len, n, surv):
                 return Placement(e, n)
         return None
 
@@ -328,9 +339,9 @@ class AdmissionLedger:
             t = (rem + (math.ceil(context / chunk) if chunk else 1)) * step_s[f]
             if f != e and t < limit and self.free_slots(f) > 0:
                 times.append((t, f))
-        scale = self._group_scale[self._books[e].live[member][1]]
+        surv = self._group_surv[self._books[e].live[member][1]]
         for _, f in sorted(times):  # the soonest finish with the pages for the context
-            if self._room(f, context, 1, scale):
+            if self._room(f, context, 1, surv):
                 return f
         return None
 
@@ -353,7 +364,7 @@ class AdmissionLedger:
         self._group_prompt[gi] = prompt_len
         self._group_key[gi] = key
         self._group_pred[gi] = self.predicted_total(key) if self.cfg.policy is Policy.DYNAMIC else 0.0
-        self._group_scale[gi] = self.scale(key)
+        self._group_surv[gi] = self.survival_of(key)
         for m in members:
             b.live[m] = (prompt_len % ps, gi, offset)
         self.refresh(e)
@@ -415,5 +426,9 @@ class AdmissionLedger:
         if self.model is not None:
             for m, u in zip(members, used):
                 self.model.track(m, u)
-        b.curve, b.var = forecast(self.model, used, [b.live[m][0] for m in members], self.budget, ps,
-                                  [b.live[m][1] for m in members], [self._group_scale[b.live[m][1]] for m in members])
+        gis = [b.live[m][1] for m in members]
+        surv = None
+        if self.cfg.policy is Policy.DYNAMIC and self.model is not None and members:
+            order = {gi: i for i, gi in enumerate(dict.fromkeys(gis))}
+            surv = (np.stack([self._group_surv[gi] for gi in order]), [order[gi] for gi in gis])
+        b.curve, b.var = forecast(self.model, used, [b.live[m][0] for m in members], self.budget, ps, gis, surv)
