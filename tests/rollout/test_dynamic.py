@@ -5,6 +5,7 @@ simulator (hand-computed makespans) and through the real Dispatcher over scripte
 import concurrent.futures
 import dataclasses
 
+import numpy as np
 import pytest
 
 from rstar2_jax.rollout.capacity import AdmissionConfig, Policy
@@ -48,6 +49,25 @@ def test_predicted_remaining_grows_with_the_problems_scale():
     ledger.on_submit(1, "gl", 20, ["l"], "long")
     progress.update(s=5, l=5)
     assert ledger.predicted_remaining(1, "l") > 1.5 * ledger.predicted_remaining(0, "s")
+
+
+def test_forecast_follows_each_problems_own_lengths():
+    # A batch of short (10) and long (60) problems: the batch-wide model puts any sample past 30 tokens
+    # with one chance (between 0.3 and 0.8); a problem's own survival (4 remembered lengths + 2
+    # pseudo-samples of the stretched model) puts the long one's samples past it with > 0.8, the
+    # short one's with < 0.3.
+    hist = {"long": [60] * 4, "short": [10] * 4}
+    ledger, _ = _ledger(history=hist, lengths=[10] * 8 + [60] * 8)
+    s_long, s_short, s_new = (ledger.survival_of(k) for k in ("long", "short", "new"))
+    model = ledger.model.survival()
+    assert s_long[30] > 0.8 > model[30] > 0.3 > s_short[30] and s_long[-1] == s_short[-1] == 0
+    assert s_new == pytest.approx(np.where(np.arange(65) >= 64, 0.0, model))  # no history: the model
+    # the engine holding the long group forecasts more growth than one holding the short group
+    for e, g, key in ((0, "gl", "long"), (1, "gs", "short")):
+        ledger.on_submit(e, g, 20, [f"{g}{i}" for i in range(4)], key)
+    grow = [ledger._books[e].curve.max() - ledger._books[e].curve[0] for e in (0, 1)]
+    assert grow[0] > 3 * grow[1]
+    assert AdmissionLedger(AdmissionConfig(), 64, [EngineShape(16, 63, 4, 8)]).survival_of("long") is None
 
 
 def test_dynamic_places_on_the_engine_that_frees_a_slot_first():
