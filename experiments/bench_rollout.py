@@ -144,7 +144,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one seed, 6 x 4 trajectories on engines of a third of the "
                     "slots and pages (memory binds as in the default), small simulation (~3-4 min)")
-    ap.add_argument("--seeds", type=str, default="0,1")
+    ap.add_argument("--seeds", type=str, default="0,1,2")
     ap.add_argument("--problems", type=int, default=10)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--budget", type=int, default=640, help="response tokens, workloads (a) and (c)")
