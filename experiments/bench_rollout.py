@@ -23,6 +23,10 @@ seed's problems; epoch 0's final lengths seed the length model and the per-probl
 long-lived ``Rollout`` has seen). Per workload: makespan, per-engine idle, p50/p90 trajectory latency
 (first submission to end), preemptions, recompute (prefill beyond prompts and tool responses:
 preemptions, unshared forks, migrations) as a fraction of all tokens fed or sampled; a KV plot each.
+Three seeds by default (about 12 min on the 2-core machine); ``--quick``: one seed of 6 problems x 4
+samples on engines of a third of the slots and pages, so that KV memory binds as in the default (at
+the default engine size 24 trajectories never fill the pool: no preemption, no imbalance from
+memory, and one long group decides the makespan).
 """
 
 from __future__ import annotations
