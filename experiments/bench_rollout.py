@@ -23,6 +23,10 @@ seed's problems; epoch 0's final lengths seed the length model and the per-probl
 long-lived ``Rollout`` has seen). Per workload: makespan, per-engine idle, p50/p90 trajectory latency
 (first submission to end), preemptions, recompute (prefill beyond prompts and tool responses:
 preemptions, unshared forks, migrations) as a fraction of all tokens fed or sampled; a KV plot each.
+Three seeds by default (about 12 min on the 2-core machine); ``--quick``: one seed of 6 problems x 4
+samples on engines of a third of the slots and pages, so that KV memory binds as in the default (at
+the default engine size 24 trajectories never fill the pool: no preemption, no imbalance from
+memory, and one long group decides the makespan).
 """
 
 from __future__ import annotations
@@ -142,8 +146,9 @@ def plot_kv(panels: list[tuple[str, list, int]], path: Path, title: str) -> None
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one seed, small batches, small simulation (~2-3 min)")
-    ap.add_argument("--seeds", type=str, default="0,1")
+    ap.add_argument("--quick", action="store_true", help="one seed, 6 x 4 trajectories on engines of a third of the "
+                    "slots and pages (memory binds as in the default), small simulation (~3-4 min)")
+    ap.add_argument("--seeds", type=str, default="0,1,2")
     ap.add_argument("--problems", type=int, default=10)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--budget", type=int, default=640, help="response tokens, workloads (a) and (c)")
@@ -157,8 +162,10 @@ def main() -> None:
     ap.add_argument("--sim-samples", type=int, default=16)
     ap.add_argument("--plot-dir", type=str, default="runs/bench_rollout")
     args = ap.parse_args()
-    if args.quick:
+    if args.quick:  # a third of the trajectories, and of the slots and KV pages: memory binds as in the default
+        frac = 6 * 4 / (args.problems * args.samples)
         args.seeds, args.problems, args.samples = "0", 6, 4
+        args.slots, args.pages = max(8, round(args.slots * frac)), round((args.pages - 1) * frac) + 1
         args.sim_engines, args.sim_problems, args.sim_samples = 8, 32, 8
     seeds = [int(s) for s in args.seeds.split(",")]
     todo = cases(args)
@@ -168,7 +175,7 @@ def main() -> None:
                      for p in make_workload(c.w, s)[0])
     max_len = -(-(prompt_len + max(c.w.budget for c in todo)) // args.page_size) * args.page_size
     ecfg = EngineConfig(num_slots=args.slots, page_size=args.page_size, max_seq_len=max_len, num_pages=args.pages,
-                        prefill_chunk=64, decode_row_buckets=(16, 32))
+                        prefill_chunk=64, decode_row_buckets=tuple(b for b in (16, 32) if b < args.slots))
     n_cpu = os.cpu_count() or 1
     print(f"policy: random Qwen3-style, 2 layers, hidden 128 (fp32); 2 PagedEngines in their own processes pinned to "
           f"cores {[i % n_cpu for i in range(2)]} of {n_cpu}, {args.slots} slots, {args.pages - 1} usable pages of "

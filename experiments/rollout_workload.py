@@ -324,16 +324,17 @@ class EngineHost:
         return max((t[1] - t[0]) / (rows * (long - short) / 1e3), 0.0)
 
     def probe_step_s(self, n_steps: int = 20) -> float:
-        """Seconds per step of this engine as it runs now (its slowdown included), half its slots decoding:
-        the speed a long-lived dispatcher knows from earlier batches."""
-        eng = self._decoding(self.cfg.num_slots // 2, 199, n_steps + 20, settle=5)
-        t0 = time.perf_counter()
+        """Seconds per model step of this engine as it runs now (its slowdown included), half its
+        slots decoding (a ``step()`` call may run a decode loop of several): the speed a long-lived
+        dispatcher knows from earlier batches."""
+        eng = self._decoding(self.cfg.num_slots // 2, 199, n_steps * self.cfg.decode_steps + 20, settle=5)
+        steps0, t0 = eng.stats().steps, time.perf_counter()
         for _ in range(n_steps):
             t = time.perf_counter()
             eng.step()
             if self.slowdown > 1:
                 time.sleep((time.perf_counter() - t) * (self.slowdown - 1))
-        return (time.perf_counter() - t0) / n_steps
+        return (time.perf_counter() - t0) / max(eng.stats().steps - steps0, 1)
 
     def steps_per_s(self, n_steps: int) -> float:
         """Steps per second of an engine decoding half its slots (the concurrency probe)."""

@@ -60,6 +60,7 @@ class AdmissionConfig:
     length_memory: int = 1  # batches whose final lengths seed the next batch's length model
     # Policy.DYNAMIC only:
     growth_reserve: float = 0.5  # kappa / ratio: share of the forecast growth (peak - now) to fit
+    running_reserve: float = 1.0  # share of the live members' expected growth that must fit besides what they hold
     migrate: bool = False  # a trajectory back from a tool may move (re-prefill) to a faster engine
     migrate_margin: float = 0.25  # ... if its predicted finish there is this fraction earlier at least
     history_weight: float = 2.0  # pseudo-lengths at the batch mean in a problem's predicted length
@@ -72,8 +73,9 @@ class AdmissionConfig:
         except ValueError:
             raise ValueError(f"{name}.policy must be one of {[p.value for p in Policy]}, got {self.policy!r}") \
                 from None
-        if self.growth_reserve < 0:
-            raise ValueError(f"{name}.growth_reserve must be >= 0, got {self.growth_reserve}")
+        if self.growth_reserve < 0 or self.running_reserve < 0:
+            raise ValueError(f"{name}: growth_reserve and running_reserve must be >= 0, got "
+                             f"{self.growth_reserve}, {self.running_reserve}")
         if not 0 <= self.migrate_margin < 1:
             raise ValueError(f"{name}.migrate_margin must be in [0, 1), got {self.migrate_margin}")
         if self.history_weight <= 0 or self.history_per_key < 1:
@@ -158,11 +160,14 @@ class LengthModel:
 
 
 def forecast(model: LengthModel | None, used: Sequence[int] | np.ndarray, base: Sequence[int] | np.ndarray,
-             budget: int, page_size: int, groups: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+             budget: int, page_size: int, groups: Sequence[int] | None = None,
+             survival: tuple[np.ndarray, Sequence[int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Expected pages and their variance (``f64[B // Z + 1]`` each) at ``tau = 0, Z, ..., B`` tokens
     from now, summed over live trajectories (``used[i]`` response tokens so far, ``base[i]``
     private prompt tokens). Samples of one group (same ``groups[i]``) are taken as fully correlated
-    (one difficulty), different groups as independent; no ``groups``: all independent."""
+    (one difficulty), different groups as independent; no ``groups``: all independent.
+    ``survival = (rows, index)``: trajectory ``i`` follows ``rows[index[i]]`` (``f64[R, B + 1]``, its
+    problem's own ``P(L > x)``, ``AdmissionLedger.survival_of``) instead of the model's."""
     taus = np.arange(0, budget + 1, page_size)
     base = np.asarray(base, np.int64).reshape(-1, 1)
     if model is None or not len(base):
@@ -171,8 +176,12 @@ def forecast(model: LengthModel | None, used: Sequence[int] | np.ndarray, base: 
     u = np.clip(np.asarray(used, np.int64), 0, budget).reshape(-1, 1)
     s = model.survival()
     x = np.minimum(u + taus, budget)  # i64[n, K]
-    su = s[u]
-    alive = np.where(su > 0, s[x] / np.where(su > 0, su, 1.0), 0.0)
+    if survival is None:
+        su, sx = s[u], s[x]
+    else:
+        rows, idx = survival[0], np.asarray(survival[1], np.int64).reshape(-1, 1)
+        su, sx = rows[idx, u], rows[idx, x]
+    alive = np.where(su > 0, sx / np.where(su > 0, su, 1.0), 0.0)
     alive[:, 0] = 1.0  # it holds its pages now
     # alive past x it may grow to x + Z before the next grid point: count those pages (an upper bound)
     pages = np.ceil((base + np.minimum(x + page_size, budget)) / page_size)

@@ -9,16 +9,17 @@ asynchronously and feeds results back. Messages are ``rollout.messages`` datacla
 Admission is the ``AdmissionLedger``'s (``rollout.ledger``, shared with the simulator): a problem's
 samples are one group (they share the prompt's pages); ``policy="capacity"`` places the head group
 on the engine with the most forecast capacity if it fits there, ``policy="static"`` splits the
-groups evenly up front (KV overflow: the engine preempts the newest sequence, which recomputes
-later), ``policy="dynamic"`` keeps the groups pending longest-predicted first and hands the head one
-to the engine that would finish its predicted work with it first, among those with a free slot and
-room (pages held now plus a share of the forecast growth, ``rollout.ledger``; overflow preempts),
+groups evenly up front (KV overflow: the engine preempts the sequence with the least to recompute,
+which recomputes later), ``policy="dynamic"`` keeps the groups pending longest-predicted first and
+hands the head one to the engine that would end its predicted work with it first, among those with
+a free slot and room (pages held now plus the live members' expected growth and a share of the
+forecast growth, ``rollout.ledger``; overflow preempts),
 and with ``migrate`` a trajectory back from a tool may move to an engine where it is
 predicted to finish sooner (its context is prefilled there again; the seconds per step of each
 engine are measured from its steps). The dispatcher's view of a live trajectory's progress is its
-tokens at its last turn boundary plus, while it generates, the engine steps seen since (one token
-per step at most). The ledger's length model and adaptive ratio persist across ``run`` calls:
-admission starts from what the policy does now, not from the pessimistic prior, and it remembers
+tokens at its last turn boundary plus, while it generates, the engine's model steps since (one
+token per step at most; ``Stepped.steps``: a decode-loop call runs several). The ledger's length
+model and adaptive ratio persist across ``run`` calls: admission starts from what the policy does now, not from the pessimistic prior, and it remembers
 each problem's final lengths (the long-first order). Unless it migrates, a trajectory stays on its
 engine across turns; its forecast is dropped when it finishes, aborts or errors.
 """
@@ -44,6 +45,8 @@ from rstar2_jax.sampling import Request, Sampler, StopEvent, Temperature
 from rstar2_jax.sampling.interface import Engine
 from rstar2_jax.sandbox import CodeRequest, CodeResult
 from rstar2_jax.tokenizer import Tokenizer
+
+ADMIT_EVERY = 16  # engine steps between retries of a waiting group (a page of tokens per row)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,8 +152,10 @@ class Dispatcher:
         bar = tqdm(total=len(trajs), desc="rollout", disable=not show_progress, leave=False)
         bar.update(self._n_done)
         try:
+            self._admit_due = True
             while self._n_done < len(trajs):
-                self._admit()
+                if self._admit_due:
+                    self._admit()
                 before = self._n_done
                 self._handle(self._out.get())
                 bar.update(self._n_done - before)
@@ -214,6 +219,12 @@ class Dispatcher:
         return len(t.response_tokens) + (self._clock[e] - self._mark[uid] if t.status is Status.GENERATING else 0)
 
     def _admit(self) -> None:
+        """Submit pending groups while the ledger places them. A group that has to wait is tried
+        again only after an event that may have made room (``_handle`` sets ``_admit_due``): a
+        stop, a finish, a preemption, a refusal, or every ``ADMIT_EVERY`` steps of an engine (the
+        forecast follows progress), not after every step (a placement costs about a millisecond
+        of host time, which the engines' host threads compete for)."""
+        self._admit_due = False
         while self._pending:
             g = self._pending[0]
             if self.cfg.policy is not Policy.STATIC:
@@ -247,15 +258,22 @@ class Dispatcher:
     def _handle(self, msg: Event) -> None:
         if isinstance(msg, Stepped):
             e = msg.engine
-            self._clock[e] += 1
-            self._step_s[e] = msg.step_s if not self._step_s[e] else 0.9 * self._step_s[e] + 0.1 * msg.step_s
-            self.ledger.set_step_s(e, self._step_s[e])
+            tick = self._clock[e] // ADMIT_EVERY
+            self._clock[e] += msg.steps  # a decode loop ran several steps (a token each per row)
+            if msg.steps:
+                s = msg.step_s / msg.steps
+                self._step_s[e] = s if not self._step_s[e] else 0.9 * self._step_s[e] + 0.1 * s
+                self.ledger.set_step_s(e, self._step_s[e])
+            self._admit_due |= bool(msg.events) or msg.preemptions > self._preempt[e] or \
+                self._clock[e] // ADMIT_EVERY > tick
             if msg.preemptions > self._preempt[e]:
                 self.ledger.on_preemptions(msg.preemptions - self._preempt[e])
                 self._preempt[e] = msg.preemptions
             for ev in msg.events:
                 self._on_stop(e, ev)
-        elif isinstance(msg, Admitted):
+            return
+        self._admit_due = True  # a tool answered, a group was admitted, a command was refused
+        if isinstance(msg, Admitted):
             for t, s in zip(msg.group.trajs, msg.seq_ids):
                 self._by_seq[(msg.engine, s)] = t
                 self._seq_of[t.uid] = (msg.engine, s)

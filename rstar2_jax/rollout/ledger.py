@@ -16,22 +16,27 @@ never reads a forecast: ``static_split`` assigns groups evenly (contiguous) up f
 ``policy="dynamic"`` reserves nothing ahead at first, as static; the caller keeps its groups pending
 in ``long_first`` order (predicted tokens: the problem's remembered final lengths, shrunk towards
 the length model's mean by ``history_weight`` pseudo-lengths) and ``place`` hands the head group,
-whole, to the engine that would finish its predicted work with the group's first (``step_s`` seconds
-per step, as the caller measures them, times the predicted remaining tokens of its live members plus
-the group's; ties: fewest pages held), among those with a free slot (``num_slots`` minus live
-members not waiting for a tool) whose pages held now (shared prompts + private prompt and progress
-of its live members) plus ``kappa`` of its forecast growth (expected pages minus now plus
-``reserve_sigma`` standard deviations at the peak, the new samples' included) leave room for the
-group's prompt and one page per sample; none: wait. A full engine takes no group: the one that frees
-a slot (or pages) first gets the next; a faster engine is given more work. ``kappa = min(1,
-growth_reserve * ratio)`` (0: admit to the memory limit now, as static; 1: capacity's reservation at
-ratio 1) starts optimistic (``growth_reserve``); preemption is the safety valve (its recompute
-counted by the caller) and each one raises the adaptive ratio (``+ratio_up``), each admission decays
-it, so after overflows more of the growth is reserved. ``migration`` (``migrate=True``) proposes
-moving a member back from a tool to another engine (re-prefill of its context there) when its
-predicted remaining tokens (``LengthModel.residual`` at its problem's scale) plus the prefill steps
-finish there at least ``migrate_margin`` earlier (seconds per step as the caller measures them), and
-that engine has a free slot and the pages.
+whole, to the engine that would end its predicted work with the group's first (``predicted_finish``:
+``step_s`` seconds per step, as the caller measures them, times the larger of the longest predicted
+remaining tokens and all predicted remaining tokens over the rows the engine runs at once; ties:
+fewest pages held), among those with a free slot (``num_slots`` minus live members not waiting for a
+tool) whose pages held now (shared prompts + private prompt and progress of its live members) plus
+the live members' expected growth (``running_reserve`` of it) leave room for the group's prompt and
+one page per sample, and whose pages held plus ``kappa`` of its forecast growth (expected pages
+minus now plus ``reserve_sigma`` standard deviations at the peak, the new samples' included) do too;
+none: wait. Under this policy the forecast follows each problem's own lengths (``survival_of``):
+long-first puts the long problems together. A full engine
+takes no group: the one that frees a slot (or pages) first gets the next; a faster engine is given
+more work. ``kappa = min(1, growth_reserve * ratio)`` (0: admit to the memory limit now, as static;
+1: capacity's reservation at ratio 1) starts optimistic (``growth_reserve``); preemption is the
+safety valve (its recompute counted by the caller) and each one raises the adaptive ratio
+(``+ratio_up``), each admission decays it, so after overflows more of the growth is reserved.
+``migration`` (``migrate=True``) proposes moving a member back from a tool to another engine
+(re-prefill of its context there) when it is the straggler (its predicted finish where it is comes after
+every other engine's longest live member's) and its predicted remaining tokens
+(``LengthModel.residual`` at its problem's scale) plus the prefill steps finish there at least
+``migrate_margin`` earlier (seconds per step as the caller measures them), and that engine has a
+free slot and the pages.
 
 Events the caller reports, in its own order: ``on_submit`` (a group or part of one went to an
 engine), ``on_progress`` (a member reached a turn boundary, ``waiting`` for a tool, or resumed),
@@ -141,6 +146,7 @@ class AdmissionLedger:
         self._group_prompt: dict[int, int] = {}  # group index -> prompt tokens
         self._group_key: dict[int, Hashable] = {}  # group index -> problem key
         self._group_pred: dict[int, float] = {}  # group index -> predicted tokens at submission
+        self._group_surv: dict[int, np.ndarray | None] = {}  # group index -> its problem's survival (dynamic)
         self._batch_by_key: dict[Hashable, list[int]] = {}  # this batch's final lengths per key
         self.admissions = []
 
@@ -202,6 +208,24 @@ class AdmissionLedger:
         w = self.cfg.history_weight
         return (sum(seen) + w * mean) / (len(seen) + w)
 
+    def survival_of(self, key: Hashable) -> np.ndarray | None:
+        """``f64[B + 1]``: ``P(L > x)`` for a sample of problem ``key`` (policy "dynamic"; None
+        otherwise or without a model): its remembered final lengths (empirical) mixed with
+        ``history_weight`` pseudo-samples of the length model stretched by the problem's predicted
+        length over the model's mean (``S(x / c)``, ``c`` in [1/4, 4], cut at the budget). The
+        batch-wide model alone spreads every problem over every problem's lengths: long-first puts
+        the long problems together, and their growth was underestimated."""
+        if self.cfg.policy is not Policy.DYNAMIC or self.model is None:
+            return None
+        x = np.arange(self.budget + 1)
+        c = float(np.clip(self.predicted_total(key) / max(self.model.mean(), 1e-9), 0.25, 4.0))
+        prior = np.where(x >= self.budget, 0.0, self.model.survival()[np.minimum(x / c, self.budget).astype(np.int64)])
+        seen = np.asarray(self.by_key.get(key, []) + self._batch_by_key.get(key, []))
+        if not len(seen):
+            return prior
+        w = self.cfg.history_weight
+        return (w * prior + (seen[:, None] > x).sum(0)) / (w + len(seen))
+
     def long_first(self, keys: Sequence[Hashable]) -> list[int]:
         """Indices of ``keys`` (problems), longest predicted first (ties: the given order)."""
         pred = [self.predicted_total(k) for k in keys]
@@ -225,69 +249,106 @@ class AdmissionLedger:
         slots = self.shapes[e].num_slots or math.inf
         return slots - (self._books[e].live_n - len(self._books[e].waiting))
 
-    def _room(self, e: int, tokens: int, n: int) -> bool:
-        """Pages for ``n`` samples of a ``tokens``-token prompt on ``e``: held now plus ``kappa`` of
-        the forecast growth (expected pages over the next tokens minus now plus ``reserve_sigma``
-        standard deviations, the new samples' included, at its peak) fit the pool (an empty
-        engine: always)."""
+    def _room(self, e: int, tokens: int, n: int, surv: np.ndarray | None = None) -> bool:
+        """Pages for ``n`` samples of a ``tokens``-token prompt on ``e`` (an empty engine: always):
+        held now (the new samples' prompt included) plus ``running_reserve`` of the expected growth
+        of the members already live (what they will need anyway) fit the pool, and held now plus
+        ``kappa`` of the forecast growth (expected pages over the next tokens minus now plus
+        ``reserve_sigma`` standard deviations, the new samples' included, at its peak; ``surv``:
+        their problem's survival, ``survival_of``) fit too."""
         b, ps = self._books[e], self.shapes[e].page_size
         if not b.live_n:
             return True
         held = self.held_pages(e) + tokens // ps + n  # shared full pages, one page each for the rest
+        usable = self.shapes[e].usable_pages
         kappa = min(1.0, self.cfg.growth_reserve * self.ratio.value)  # preemptions raise it, admissions decay it
-        if not kappa:
-            return held <= self.shapes[e].usable_pages
+        if not kappa and not self.cfg.running_reserve:
+            return held <= usable
         self.refresh(e)
-        m1, v1 = forecast(self.model, [0], [tokens % ps], self.budget, ps)
+        if held + self.cfg.running_reserve * float(np.max(b.curve - b.curve[0])) > usable:
+            return False  # the live members alone are expected to outgrow the pool
+        m1, v1 = forecast(self.model, [0], [tokens % ps], self.budget, ps,
+                          survival=None if surv is None else (surv[None], [0]))
         curve = b.curve + n * m1
         sd = self.cfg.reserve_sigma * np.sqrt(b.var + n * n * v1)  # the new samples fully correlated
         growth = float(np.max(curve - curve[0] + sd))
-        return held + kappa * growth <= self.shapes[e].usable_pages
+        return held + kappa * growth <= usable
 
     def set_step_s(self, e: int, seconds: float) -> None:
         """Engine ``e`` takes ``seconds`` per step (as measured; the dynamic policy's speed)."""
         if seconds > 0:
             self.step_s[e] = float(seconds)
 
-    def work(self, e: int) -> float:
+    def work(self, e: int) -> tuple[float, float]:
         """Predicted remaining tokens of ``e``'s live members (their problems' predicted lengths
-        minus their progress, at least 1 each)."""
+        minus their progress, at least 1 each): their sum and the largest (0, 0 if none)."""
         b = self._books[e]
-        return sum(max(self._group_pred[gi] - self.progress(m), 1.0) for m, (_, gi, _) in b.live.items())
+        rem = [max(self._group_pred[gi] - self.progress(m), 1.0) for m, (_, gi, _) in b.live.items()]
+        return float(sum(rem)), max(rem, default=0.0)
+
+    def rows(self, e: int, prompt_len: int) -> float:
+        """Sequences ``e`` runs at once: its slots, or fewer if its pool holds fewer sequences of a
+        ``prompt_len``-token prompt plus the length model's mean."""
+        mean = self.model.mean() if self.model is not None else float(self.budget)
+        fit = self.shapes[e].usable_pages * self.shapes[e].page_size / max(mean + prompt_len, 1.0)
+        return max(1.0, min(self.shapes[e].num_slots or math.inf, fit))
+
+    def predicted_finish(self, e: int, prompt_len: int, n: int, pred: float) -> float:
+        """Seconds until ``e`` would end its live members plus ``n`` new samples of ``pred`` tokens
+        each: ``step_s`` x steps, the steps the longest member's remaining tokens or all remaining
+        tokens over the rows it runs at once (``rows``), whichever is more (a step advances every
+        row: with free rows an engine ends when its longest member does; when memory or slots bind,
+        when its work is done)."""
+        total, longest = self.work(e)
+        total += n * pred
+        return self.step_s[e] * max(longest, pred if n else 0.0, total / self.rows(e, prompt_len))
 
     def _place_dynamic(self, prompt_len: int, n: int, key: Hashable) -> Placement | None:
-        """The engine, among those with a free slot and room, that would finish its predicted work
-        with this group's first (seconds per step x predicted tokens; ties: fewest pages held, then
-        lowest index); the forecast is computed only for the candidates tried."""
-        add = n * self.predicted_total(key)
+        """The engine, among those with a free slot and room, that would end its predicted work
+        with this group's first (``predicted_finish``; ties: fewest pages held, then lowest
+        index); the forecast is computed only for the candidates tried."""
+        pred = self.predicted_total(key)
         ranked = []
         for e in range(len(self.shapes)):
             if self.free_slots(e) > 0:
                 held = self.held_pages(e) / self.shapes[e].usable_pages
-                ranked.append((self.step_s[e] * (self.work(e) + add), held, e))
+                ranked.append((self.predicted_finish(e, prompt_len, n, pred), held, e))
+        surv = self.survival_of(key)
         for *_, e in sorted(ranked):
-            if self._room(e, prompt_len, n):
+            if self._room(e, prompt_len, n, surv):
                 return Placement(e, n)
         return None
 
     def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> int | None:
         """Engine that ``member`` (on ``e``, back from a tool, ``context`` tokens so far) should move
-        to, or None: where its predicted remaining tokens plus the re-prefill finish at least
-        ``migrate_margin`` earlier (``step_s[x]``: seconds per step of engine ``x`` now)."""
+        to, or None. Only a straggler moves (its predicted finish where it is, ``step_s[e]`` x its
+        predicted remaining tokens, is later than every other engine's: the soonest an engine ends
+        is when its longest live member does), and only where its remaining tokens plus the
+        re-prefill finish at least ``migrate_margin`` earlier (``step_s[x]``: seconds per step of
+        engine ``x`` now): a move off the critical path shortens nothing and costs its context."""
         if self.cfg.policy is not Policy.DYNAMIC or not self.cfg.migrate:
             return None
         rem = self.predicted_remaining(e, member)
-        limit = rem * step_s[e] * (1 - self.cfg.migrate_margin)
+        stay = rem * step_s[e]
+        if any(self.finish_estimate(f, step_s[f]) >= stay for f in range(len(self.shapes)) if f != e):
+            return None  # another engine ends later anyway
+        limit = stay * (1 - self.cfg.migrate_margin)
         times = []
         for f in range(len(self.shapes)):
             chunk = self.shapes[f].prefill_chunk
             t = (rem + (math.ceil(context / chunk) if chunk else 1)) * step_s[f]
             if f != e and t < limit and self.free_slots(f) > 0:
                 times.append((t, f))
+        surv = self._group_surv[self._books[e].live[member][1]]
         for _, f in sorted(times):  # the soonest finish with the pages for the context
-            if self._room(f, context, 1):
+            if self._room(f, context, 1, surv):
                 return f
         return None
+
+    def finish_estimate(self, e: int, step_s: float) -> float:
+        """Seconds until ``e``'s longest live member ends (predicted; 0 if none): ``step_s`` x the
+        largest predicted remaining tokens."""
+        return step_s * max((self.predicted_remaining(e, m) for m in self._books[e].live), default=0.0)
 
     # -- events ------------------------------------------------------------------------------------
     def on_submit(self, e: int, group: Hashable, prompt_len: int, members: Sequence[Hashable],
@@ -303,6 +364,7 @@ class AdmissionLedger:
         self._group_prompt[gi] = prompt_len
         self._group_key[gi] = key
         self._group_pred[gi] = self.predicted_total(key) if self.cfg.policy is Policy.DYNAMIC else 0.0
+        self._group_surv[gi] = self.survival_of(key)
         for m in members:
             b.live[m] = (prompt_len % ps, gi, offset)
         self.refresh(e)
@@ -364,5 +426,9 @@ class AdmissionLedger:
         if self.model is not None:
             for m, u in zip(members, used):
                 self.model.track(m, u)
-        b.curve, b.var = forecast(self.model, used, [b.live[m][0] for m in members], self.budget, ps,
-                                  [b.live[m][1] for m in members])
+        gis = [b.live[m][1] for m in members]
+        surv = None
+        if self.cfg.policy is Policy.DYNAMIC and self.model is not None and members:
+            order = {gi: i for i, gi in enumerate(dict.fromkeys(gis))}
+            surv = (np.stack([self._group_surv[gi] for gi in order]), [order[gi] for gi in gis])
+        b.curve, b.var = forecast(self.model, used, [b.live[m][0] for m in members], self.budget, ps, gis, surv)

@@ -58,13 +58,15 @@ class Admitted:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Stepped:
-    """One engine step: the sequences that stopped, the engine's preemption count after it, and
-    the step's seconds (the dispatcher's estimate of each engine's speed)."""
+    """One engine ``step()`` call: the sequences that stopped, the engine's preemption count after
+    it, the call's seconds and the model steps it ran (a decode loop runs several; the
+    dispatcher's clock of each engine and its estimate of the engine's seconds per step)."""
 
     engine: int
     events: tuple[StopEvent, ...]
     preemptions: int
     step_s: float = 0.0
+    steps: int = 1
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -21,11 +21,14 @@ class SimEngine:
     prefill_rows: int = 1  # sequences fed one chunk per step (oldest first)
     step_s_chunk: float = 0.0  # seconds a fed chunk adds to its step beyond its row
     step_s_per_kctx: float = 0.0  # seconds per step per 1000 context tokens of its rows
+    readmit_headroom: int = 4  # free pages per active sequence a preempted one must leave (EngineConfig's)
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "usable_pages", "page_size", "prefill_chunk", "prefill_rows"):
             if getattr(self, name) < 1:
                 raise ValueError(f"SimEngine.{name} must be >= 1, got {getattr(self, name)}")
+        if self.readmit_headroom < 0:
+            raise ValueError(f"SimEngine.readmit_headroom must be >= 0, got {self.readmit_headroom}")
         if min(self.step_s_fixed, self.step_s_per_row, self.step_s_chunk, self.step_s_per_kctx) < 0 or \
                 self.step_s_fixed + self.step_s_per_row <= 0:
             raise ValueError("SimEngine: step times must be >= 0 and step_s_fixed + step_s_per_row > 0")

@@ -25,7 +25,9 @@ as in ``PagedEngine``). A step takes ``step_s_fixed + step_s_per_row * rows + st
 seconds (``rows`` = decoders + fed) plus ``step_s_per_kctx`` per thousand context tokens held by the
 rows (attention reads; the rows' total at the interval's start). A sequence waiting for a tool
 leaves its slot but keeps its KV. Admission is strict FIFO by submission order and needs KV for the
-sequence's tokens; a full pool preempts the newest holder, which later recomputes its K/V. A group's
+sequence's tokens (a preempted one: plus ``readmit_headroom`` pages per active sequence, at most a
+quarter of the pool); a full pool preempts the holder with the fewest cached tokens (ties: the
+newest), which later recomputes its K/V. A group's
 full prompt pages are shared until a child is preempted. Time jumps from event to event (turn end,
 prefill done, pool full, tool answer): O(events x slots), no per-token loop.
 
@@ -54,7 +56,7 @@ _EPS = 1e-9
 
 class _Seq:
     __slots__ = ("spec", "group", "order", "engine", "turn", "pre", "dec", "total", "mem", "uncached", "shares",
-                 "resp", "tool", "t0")
+                 "resp", "tool", "t0", "preempted")
 
     def __init__(self, spec: SimTrajectory, group: "_Group", order: tuple[int, int]):
         self.spec, self.group, self.order, self.engine, self.turn = spec, group, order, -1, 0
@@ -67,6 +69,7 @@ class _Seq:
         self.resp = 0  # response tokens at its last turn boundary
         self.tool = False  # waiting for a tool
         self.t0 = -1.0  # first submission
+        self.preempted = False  # its KV was freed once: it returns only with headroom
 
     @property
     def progress(self) -> int:
@@ -147,7 +150,7 @@ class Simulator:
         self.preemptions, self.recomputed = 0, 0.0
         self.migrations, self.migrated = 0, 0.0
         self.latency: list[float] = []
-        self.next_order = len(self.gs)  # a migrated sequence queues as the newest on its new engine
+        self.next_order = 0  # submissions so far: a sequence's order (a migrated one queues as the newest)
         self.now = 0.0  # the event being handled
 
     def push(self, t: float, kind: str, obj) -> None:
@@ -165,10 +168,11 @@ class Simulator:
     def submit(self, g: _Group, idx: int, now: float) -> None:
         e = self.engs[idx]
         self.advance(e, now)
-        for s in g.seqs:
-            s.engine = idx
+        for i, s in enumerate(g.seqs):  # the engine's order: submission order (long-first under "dynamic")
+            s.engine, s.order = idx, (self.next_order, i)
             s.t0 = now
             heapq.heappush(e.queue, (s.order, s))
+        self.next_order += 1
         self.ledger.on_submit(idx, g, g.prompt_len, g.seqs, g.key)
         self.reschedule(idx, now)
 
@@ -258,15 +262,17 @@ class Simulator:
                 e.used -= s.group.shared
 
     def preempt(self, e: _Eng, exclude: _Seq | None = None) -> bool:
-        """Free the newest holder's KV; it recomputes everything when it next gets a slot."""
+        """Free the KV of the holder with the fewest cached tokens (ties: the newest), as
+        ``PagedEngine``'s scheduler; it recomputes everything when it next gets a slot."""
         victims = [s for s in e.holders if s is not exclude]
         if not victims:
             return False
-        v = max(victims, key=lambda s: s.order)
+        v = min(victims, key=lambda s: (s.total - s.uncached, [-o for o in s.order]))
         self.preemptions += 1
         self.recomputed += v.total - v.uncached
         self.ledger.on_preemptions(1)  # the dispatcher sees it
         v.uncached = v.total
+        v.preempted = True
         self.free(e, v)
         if v in e.active:
             e.active.remove(v)
@@ -277,8 +283,8 @@ class Simulator:
         while e.queue and len(e.active) < e.spec.num_slots:
             s = e.queue[0][1]
             # Room for its tokens plus one per active sequence (a step's growth): an exact fit would be
-            # preempted again at the same instant.
-            if e.used + self.alloc_need(s) + len(e.active) > e.cap + _EPS:
+            # preempted again at the same instant; a preempted one also leaves the engine's headroom.
+            if e.used + self.alloc_need(s) + len(e.active) + self.headroom(e, s) > e.cap + _EPS:
                 if not e.active and self.preempt(e, exclude=s):
                     continue  # only paused sequences hold memory: make room
                 return  # strict FIFO: wait for memory
@@ -287,6 +293,12 @@ class Simulator:
             s.pre = float(math.ceil(s.uncached / e.spec.prefill_chunk - _EPS))
             s.uncached = 0.0
             e.active.append(s)
+
+    def headroom(self, e: _Eng, s: _Seq) -> float:
+        """KV tokens a preempted ``s`` must leave free to return (``Scheduler._headroom``)."""
+        if not s.preempted or not e.active:
+            return 0.0
+        return min(e.spec.readmit_headroom * len(e.active), (e.spec.usable_pages + 1) // 4) * self.z
 
     def reschedule(self, idx: int, now: float) -> None:
         e = self.engs[idx]

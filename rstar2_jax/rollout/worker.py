@@ -34,6 +34,7 @@ class EngineWorker(threading.Thread):
             self.out.put(Crashed(self.idx, e))
 
     def _loop(self) -> None:
+        steps = self.engine.stats().steps
         while True:
             try:
                 cmd = self.commands.get(block=not self.engine.has_work())
@@ -50,7 +51,9 @@ class EngineWorker(threading.Thread):
             self.busy_s += dt
             st = self.engine.stats()
             self.timeline.append((time.perf_counter() - self.t0, st.kv_pages_in_use))
-            self.out.put(Stepped(self.idx, tuple(events), st.preemptions, dt))
+            # model steps it ran (1 if the engine does not count them)
+            self.out.put(Stepped(self.idx, tuple(events), st.preemptions, dt, max(st.steps - steps, 1)))
+            steps = st.steps
 
     def _apply(self, cmd: Command) -> None:
         try:

@@ -5,7 +5,7 @@
 * ``sampling_fns``: frozen-dataclass samplers; log-probs are the policy's (temperature 1).
 * ``interface``: the ``Engine`` protocol every engine implements, ``Request``, ``StopEvent``, ``EngineStats``.
 * ``sequence``: host records (``Seq``, ``GroupTemplate``) and the ``SeqState`` transition table.
-* ``scheduler``: slots, FIFO admission, page growth, preemption of the newest holder, group forks.
+* ``scheduler``: slots, FIFO admission, page growth, preemption (the least to recompute), group forks.
 * ``step``: the typed ``StepBatch``, its host builder and the jitted ``paged_step``.
 * ``decode_loop``: up to K decode steps per jitted call (``decode_loop``), on-device stops, ``SlotArrays``.
 * ``engine_config``: ``EngineConfig`` (validated static shape), raw key data.

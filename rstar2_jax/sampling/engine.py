@@ -8,8 +8,8 @@ preempted one (everything) has more, and is fed in chunks of ``prefill_chunk`` t
 token left over goes through a decode row).
 
 Parts: ``sequence`` (``Seq``, ``GroupTemplate`` and the ``SeqState`` transition table),
-``scheduler`` (slots, FIFO admission, page growth, preemption of the newest page holder, group
-forks), ``step`` (the typed ``StepBatch``, its host builder and the jitted ``paged_step``),
+``scheduler`` (slots, FIFO admission, page growth, preemption of the holder with the least to
+recompute, group forks), ``step`` (the typed ``StepBatch``, its host builder and the jitted ``paged_step``),
 ``page_table`` (host pages) and ``kv_cache`` (device pages). This module validates requests, runs
 the step and turns sampled tokens into stops.
 
@@ -44,8 +44,9 @@ Randomness: the token at index ``i`` of a sequence is sampled with ``fold_in(seq
 request gives the same tokens whatever slot it lands in, whatever else runs, and after preemption.
 
 Memory: pages are allocated when a sequence is admitted to a slot (for all its tokens) and one at a
-time as it decodes; when the pool runs out the newest page holder is preempted (``scheduler``). A
-sequence that can never fit (``max_seq_len`` or the whole pool) is rejected at submit/resume.
+time as it decodes; when the pool runs out the page holder with the fewest cached tokens is
+preempted (``scheduler``). A sequence that can never fit (``max_seq_len`` or the whole pool) is
+rejected at submit/resume.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class PagedEngine:
             self.cache = layout.put_cache(self.cache)
         elif device is not None:
             self.cache = jax.device_put(self.cache, device)
-        self.scheduler = Scheduler(self.page_table, cfg.num_slots)
+        self.scheduler = Scheduler(self.page_table, cfg.num_slots, cfg.readmit_headroom)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
         self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
         self._loop_spec = loop_mod.LoopSpec(cfg.num_slots, cfg.decode_steps, cfg.page_size, cfg.attention_impl)

@@ -34,12 +34,17 @@ class EngineConfig:
     # KV page dtype ("bfloat16" halves KV memory and bandwidth); None = the model's compute dtype.
     # Attention always accumulates in fp32.
     kv_dtype: str | None = None
+    # A preempted sequence returns to a slot only with this many free pages per sequence in a slot
+    # left over (at most a quarter of the pool): into an exact fit it would be preempted again (thrash).
+    readmit_headroom: int = 4
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
+        if not isinstance(self.readmit_headroom, int) or self.readmit_headroom < 0:
+            raise ValueError(f"EngineConfig.readmit_headroom must be an int >= 0, got {self.readmit_headroom!r}")
         if (self.num_pages is None) == (self.kv_memory_bytes is None):
             raise ValueError("EngineConfig: give exactly one of num_pages or kv_memory_bytes")
         if self.num_pages is not None and self.num_pages < 2:

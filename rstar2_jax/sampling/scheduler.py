@@ -8,12 +8,16 @@ step's ``lanes``; after a step, to ``pause`` stopped sequences and ``fork`` pref
 Rules (every page count is in pages of ``page_size`` token positions):
 
 * **Admission** is strict FIFO by ``Seq.order`` (submission order): the oldest waiting sequence
-  takes the lowest free slot once pages for all its tokens fit; nothing overtakes it. If no
-  sequence is in a slot, only paused/waiting ones hold memory: the newest is preempted to make room.
+  takes the lowest free slot once pages for all its tokens fit; nothing overtakes it. A sequence
+  that was preempted also needs ``readmit_headroom`` free pages per sequence in a slot left over
+  (at most a quarter of the pool): admitted into an exact fit it would be the victim again at the
+  next page any row needs, and recompute everything again (thrash). If no sequence is in a slot,
+  only paused/waiting ones hold memory: one is preempted to make room (no headroom then).
 * **Growth**: before a step each sequence in a slot gets the positions it writes, oldest first.
-  When the pool is empty the **newest** page holder is preempted (maybe the grower itself).
-* **Preemption** frees all of a sequence's pages and keeps its tokens (and log-probs); in a slot it
-  goes back to the queue and recomputes its K/V in private pages (a group child does not share its
+  When the pool is empty a page holder is preempted (maybe the grower itself).
+* **Preemption** takes the page holder with the fewest cached tokens (the least to recompute;
+  ties: the newest), frees all its pages and keeps its tokens (and log-probs); in a slot it goes
+  back to the queue and recomputes its K/V in private pages (a group child does not share its
   prompt pages again); paused, it recomputes when resumed.
 * **Fork** (``fork``): a prefilled template shares its pages with its children, copy-on-write for
   a partial last page; if the copies do not fit even after preemption, some children recompute.
@@ -42,8 +46,11 @@ class Scheduler:
       preemptions, unshared_children: counters since construction (see ``EngineStats``).
     """
 
-    def __init__(self, page_table: PageTable, num_slots: int):
+    def __init__(self, page_table: PageTable, num_slots: int, readmit_headroom: int = 4):
+        if readmit_headroom < 0:
+            raise ValueError(f"Scheduler: readmit_headroom must be >= 0, got {readmit_headroom}")
         self.pt = page_table
+        self.readmit_headroom = readmit_headroom
         self.seqs: dict[int, Seq] = {}
         self.slots: list[Seq | None] = [None] * num_slots
         self.waiting: list[Seq] = []
@@ -110,8 +117,8 @@ class Scheduler:
         while self.waiting and None in self.slots:
             seq = self.waiting[0]
             have = len(pt.pages(seq.id)) if self.holds_pages(seq) else 0
-            if pt.pages_needed(len(seq.tokens)) - have > pt.free_pages():
-                if self.num_active() == 0 and self.preempt_newest(exclude=seq):
+            if pt.pages_needed(len(seq.tokens)) - have + self._headroom(seq) > pt.free_pages():
+                if self.num_active() == 0 and self.preempt_one(exclude=seq):
                     continue  # only paused/waiting sequences hold memory: make room
                 return  # wait for memory (strict FIFO)
             self.waiting.pop(0)
@@ -125,15 +132,15 @@ class Scheduler:
             self.block_tables[slot] = pt.block_table([seq.id])[0]
 
     def grow(self) -> None:
-        """Reserve the position each decoding sequence writes this step, oldest first; preempt the
-        newest page holder when the pool is empty."""
+        """Reserve the position each decoding sequence writes this step, oldest first; preempt a
+        page holder (``preempt_one``) when the pool is empty."""
         pt = self.pt
         for seq in sorted((s for s in self.slots if s is not None), key=lambda s: s.order):
             while seq.state is ACTIVE and pt.length(seq.id) < len(seq.tokens):
                 try:
                     fresh = pt.append(seq.id, len(seq.tokens) - pt.length(seq.id))
                 except OutOfPages:
-                    self.preempt_newest(exclude=None)
+                    self.preempt_one(exclude=None)
                     continue
                 n = len(pt.pages(seq.id))
                 self.block_tables[seq.slot, n - len(fresh):n] = fresh
@@ -159,15 +166,17 @@ class Scheduler:
             if seq.slot is not None:
                 self.block_tables[seq.slot, len(self.pt.pages(seq.id)):] = 0
 
-    def preempt_newest(self, exclude: Seq | None) -> bool:
-        """Free the pages of the newest page holder other than ``exclude``; False if there is none."""
+    def preempt_one(self, exclude: Seq | None) -> bool:
+        """Free the pages of the page holder other than ``exclude`` with the fewest cached tokens
+        (ties: the newest); False if there is none."""
         holders = [s for s in self.seqs.values() if self.holds_pages(s) and s is not exclude]
         if not holders:
             return False
-        victim = max(holders, key=lambda s: s.order)
+        victim = min(holders, key=lambda s: (s.cached, [-o for o in s.order]))
         self.preemptions += 1
         self.pt.free(victim.id)
         victim.cached = 0
+        victim.preempted += 1
         if victim.state is ACTIVE:
             self._leave_slot(victim)
             self.requeue(victim)
@@ -179,8 +188,8 @@ class Scheduler:
 
         Full pages are shared; a partial last page needs one fresh page per child, a copy of the
         template's, which the caller **must** apply on the device (the returned ``(src, dst)``
-        pages) before the next step. Room for the copies is made by preempting the newest other
-        page holders, but never beyond what the pool can hold next to the template: if the G
+        pages) before the next step. Room for the copies is made by preempting other page holders
+        (``preempt_one``), but never beyond what the pool can hold next to the template: if the G
         copies cannot fit even then, the first children get them and the others are queued with
         no pages, to recompute the prompt privately like a preempted child (``unshared_children``).
         """
@@ -188,7 +197,7 @@ class Scheduler:
         n_shared = len(kids)
         if pt.length(template.id) % pt.page_size:  # copy-on-write of the partial last page
             room = pt.num_pages - 1 - len(pt.pages(template.id))  # the most copies that can ever fit
-            while pt.free_pages() < min(len(kids), room) and self.preempt_newest(exclude=template):
+            while pt.free_pages() < min(len(kids), room) and self.preempt_one(exclude=template):
                 pass
             n_shared = min(len(kids), pt.free_pages())
         copies = pt.fork(template.id, [c.id for c in kids[:n_shared]]) if n_shared else []
@@ -203,6 +212,13 @@ class Scheduler:
         return copies
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _headroom(self, seq: Seq) -> int:
+        """Free pages a preempted ``seq`` must leave over to be admitted (0 for any other)."""
+        active = self.num_active()
+        if not seq.preempted or not active:
+            return 0
+        return min(self.readmit_headroom * active, self.pt.num_pages // 4)
+
     def _queue(self, seq: Seq) -> None:
         self.waiting.insert(bisect.bisect([s.order for s in self.waiting], seq.order), seq)
 

@@ -56,12 +56,13 @@ class Seq:
     """One sequence: its tokens, sampling parameters, stop rules and place in the engine.
 
     ``order`` is ``(submission counter, child index)``: larger is newer (FIFO admission, and
-    preemption takes the newest page holder). ``key_data`` is the raw PRNG key (u32[2] for
+    preemption's tie-break). ``preempted``: how often its K/V was freed (a preempted sequence
+    returns to a slot only with headroom, ``Scheduler.admit``). ``key_data`` is the raw PRNG key (u32[2] for
     threefry); the token at index ``i`` is sampled with ``fold_in(key, i)``.
     """
 
     __slots__ = ("id", "order", "tokens", "cached", "key_data", "params", "stop_ids", "stop_strings",
-                 "max_new", "seg_start", "seg_logprobs", "state", "slot", "template")
+                 "max_new", "seg_start", "seg_logprobs", "state", "slot", "template", "preempted")
 
     def __init__(self, seq_id: int, order: tuple[int, int], tokens: Sequence[int], key_data: np.ndarray,
                  params: RowParams, *, stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
@@ -80,6 +81,7 @@ class Seq:
         self.state = state
         self.slot: int | None = None  # while ACTIVE
         self.template: GroupTemplate | None = None  # while FORKING
+        self.preempted = 0  # times its K/V was freed to make room
 
     @property
     def uncached(self) -> int:

@@ -3,7 +3,9 @@ growth share it admits to, migration of a trajectory back from a tool; in the le
 simulator (hand-computed makespans) and through the real Dispatcher over scripted engines."""
 
 import concurrent.futures
+import dataclasses
 
+import numpy as np
 import pytest
 
 from rstar2_jax.rollout.capacity import AdmissionConfig, Policy
@@ -49,6 +51,25 @@ def test_predicted_remaining_grows_with_the_problems_scale():
     assert ledger.predicted_remaining(1, "l") > 1.5 * ledger.predicted_remaining(0, "s")
 
 
+def test_forecast_follows_each_problems_own_lengths():
+    # A batch of short (10) and long (60) problems: the batch-wide model puts any sample past 30 tokens
+    # with one chance (between 0.3 and 0.8); a problem's own survival (4 remembered lengths + 2
+    # pseudo-samples of the stretched model) puts the long one's samples past it with > 0.8, the
+    # short one's with < 0.3.
+    hist = {"long": [60] * 4, "short": [10] * 4}
+    ledger, _ = _ledger(history=hist, lengths=[10] * 8 + [60] * 8)
+    s_long, s_short, s_new = (ledger.survival_of(k) for k in ("long", "short", "new"))
+    model = ledger.model.survival()
+    assert s_long[30] > 0.8 > model[30] > 0.3 > s_short[30] and s_long[-1] == s_short[-1] == 0
+    assert s_new == pytest.approx(np.where(np.arange(65) >= 64, 0.0, model))  # no history: the model
+    # the engine holding the long group forecasts more growth than one holding the short group
+    for e, g, key in ((0, "gl", "long"), (1, "gs", "short")):
+        ledger.on_submit(e, g, 20, [f"{g}{i}" for i in range(4)], key)
+    grow = [ledger._books[e].curve.max() - ledger._books[e].curve[0] for e in (0, 1)]
+    assert grow[0] > 3 * grow[1]
+    assert AdmissionLedger(AdmissionConfig(), 64, [EngineShape(16, 63, 4, 8)]).survival_of("long") is None
+
+
 def test_dynamic_places_on_the_engine_that_frees_a_slot_first():
     ledger, _ = _ledger(slots=4)
     assert ledger.place(20, 4) == ledger.place(20, 4)  # deciding changes nothing
@@ -68,8 +89,10 @@ def test_dynamic_places_on_the_engine_that_frees_a_slot_first():
 
 def test_dynamic_admits_to_the_memory_limit_plus_a_share_of_the_forecast_growth():
     # 12 pages, budget 64 (4 pages of growth a sample at most); a 20-token prompt holds 1 shared page
-    # + 1 page each. Now-only (growth_reserve 0): 1 + 4 + (1 + 4) = 10 <= 12 admits a second group.
-    now_only, progress = _ledger(AdmissionConfig(policy="dynamic", growth_reserve=0.0), slots=0, pages=12, n=1)
+    # + 1 page each. Now-only (growth_reserve and running_reserve 0): 1 + 4 + (1 + 4) = 10 <= 12 admits
+    # a second group.
+    now_only, progress = _ledger(AdmissionConfig(policy="dynamic", growth_reserve=0.0, running_reserve=0.0),
+                                 slots=0, pages=12, n=1)
     now_only.on_submit(0, "a", 20, ["a0", "a1", "a2", "a3"])
     assert now_only.place(20, 4) is not None
     progress.update(a0=40, a1=40, a2=40, a3=40)  # each now holds ceil((4 + 40) / 16) = 3 pages: 13 > 12
@@ -78,6 +101,39 @@ def test_dynamic_admits_to_the_memory_limit_plus_a_share_of_the_forecast_growth(
     full, _ = _ledger(AdmissionConfig(policy="dynamic", growth_reserve=1.0), slots=0, pages=12, n=1)
     full.on_submit(0, "a", 20, ["a0", "a1", "a2", "a3"])
     assert full.place(20, 4) is None
+
+
+def test_dynamic_holds_a_group_back_while_the_live_members_alone_outgrow_the_pool():
+    # No share of the new group's growth (growth_reserve 0), but the live members' own expected growth
+    # must fit (running_reserve 1): the cold model sends each of a's 4 samples from 2 pages to 5
+    # (ceil((4 + 64) / 16)): 10 held after admission + 12 > 12 pages: wait. On a 22-page engine it fits.
+    cfg = AdmissionConfig(policy="dynamic", growth_reserve=0.0)
+    for pages, fits in ((12, False), (22, True)):
+        ledger, _ = _ledger(cfg, slots=0, pages=pages, n=1)
+        ledger.on_submit(0, "a", 20, ["a0", "a1", "a2", "a3"])
+        assert (ledger.place(20, 4) is not None) is fits
+    with pytest.raises(ValueError, match="running_reserve"):
+        AdmissionConfig(running_reserve=-1.0)
+
+
+def test_only_the_straggler_migrates():
+    # e0 steps in 0.4 s. y (on e0, back from a tool, ~40 tokens predicted left) may move to e1 while
+    # e1's longest live member ends before y would where it is (y is the straggler); once e1's own
+    # work ends later (e1 slowed down), moving y shortens nothing: it stays, although it would still
+    # finish 25% sooner there (the margin alone would move it).
+    cfg = AdmissionConfig(policy="dynamic", migrate=True)
+    hist = {"Y": [48] * 4, "X": [64] * 4}
+    ledger, progress = _ledger(cfg, slots=4, pages=63, history=hist, lengths=[48] * 4 + [64] * 4)
+    ledger.on_submit(0, "gy", 20, ["y"], "Y")
+    progress["y"] = 8
+    assert ledger.migration(0, "y", 28, [0.4, 0.1]) == 1  # e1 idle
+    ledger.on_submit(1, "gx", 20, ["x"], "X")
+    rem_y, rem_x = ledger.predicted_remaining(0, "y"), ledger.predicted_remaining(1, "x")
+    assert ledger.finish_estimate(1, 0.1) == pytest.approx(0.1 * rem_x) and rem_x > rem_y
+    assert ledger.migration(0, "y", 28, [0.4, 0.1]) == 1  # x ends (0.1 x rem_x) before y would (0.4 x rem_y)
+    slow = 0.4 * rem_y / rem_x + 0.01  # now x ends after y would
+    assert (rem_y + 1) * slow < 0.75 * 0.4 * rem_y  # the margin test alone would still move y
+    assert ledger.migration(0, "y", 28, [0.4, slow]) is None
 
 
 # -- simulator: hand-computed ----------------------------------------------------------------------
@@ -237,3 +293,58 @@ def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypat
             Admission(0, prompt_lens[2], 4)]
     assert real.admissions[:4] == simulated.admissions[:4] == want
     assert sum(a.n for a in real.admissions) == sum(a.n for a in simulated.admissions) == 24
+
+
+def test_worker_reports_model_steps_and_waiting_groups_are_not_retried_every_step(monkeypatch):
+    """An engine whose ``step()`` runs a decode loop of 8 model steps and ends a turn every 5th
+    call: the worker reports 8 steps a call (the dispatcher's clock of progress). With single
+    steps, a group waiting for a slot is placed again after a stop or every ``ADMIT_EVERY`` steps,
+    not after every step."""
+    import queue as queue_mod
+
+    from rstar2_jax.rollout import dispatcher as disp
+    from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+    from rstar2_jax.rollout.messages import Stepped
+    from rstar2_jax.rollout.template import TemplateConfig
+    from rstar2_jax.rollout.worker import EngineWorker
+    from rstar2_jax.tokenizer import ByteTokenizer
+    from tests.rollout.fakes import ScriptedEngine
+
+    class Looping(ScriptedEngine):
+        calls, per_call = 0, 8
+
+        def step(self):
+            self.calls += 1
+            return super().step() if self.calls % 5 == 0 else []
+
+        def stats(self):
+            return dataclasses.replace(super().stats(), steps=self.per_call * self.calls)
+
+    tok, tpl = ByteTokenizer(), TemplateConfig.toy()
+    answer = "y" * 20 + "</reason><answer>\\boxed{1}</answer><|im_end|>"
+    out: queue_mod.Queue = queue_mod.Queue()
+    eng = Looping(tok, lambda *a: answer)
+    eng.submit_group(type("R", (), dict(prompt=[1, 2], max_new_tokens=64, stop_token_ids=()))(), 1)
+    w = EngineWorker(0, eng, out, 0.0)
+    w.start()
+    msgs = [out.get(timeout=10) for _ in range(5)]
+    w.commands.put(disp.StopWorker())
+    w.join(timeout=10)
+    assert [m.steps for m in msgs if isinstance(m, Stepped)] == [8] * 5 and msgs[-1].events
+
+    class P:
+        def __init__(self, i):
+            self.id, self.problem, self.answer = f"p{i}", f"What is {i}?", "1"
+
+    places = []
+    real_place = disp.AdmissionLedger.place
+    monkeypatch.setattr(disp.AdmissionLedger, "place",
+                        lambda self, *a, **k: places.append(1) or real_place(self, *a, **k))
+    engines = [Looping(tok, lambda *a: answer, num_slots=2) for _ in range(2)]
+    for e in engines:
+        e.per_call = 1  # single steps: a call per step
+    cfg = RolloutConfig(n_samples=2, budget=128, template=tpl, policy="dynamic")
+    res = Dispatcher(engines, _Pool(), tok, cfg).run([P(i) for i in range(6)])
+    assert all(t.done_reason == "answer" for t in res.trajectories)
+    calls = sum(e.calls for e in engines)
+    assert len(places) < calls / 2, (len(places), calls)  # ~ once per stop, not once per step
