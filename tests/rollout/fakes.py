@@ -102,3 +102,41 @@ class ScriptedEngine:
     def stats(self) -> EngineStats:
         used = sum(-(-len(s["tokens"]) // self.cfg.page_size) for s in self._seqs.values())
         return EngineStats(kv_pages_in_use=used, kv_pages_total=self.usable_pages)
+
+
+# -- the scripted workload both the dispatcher and the simulator run (ledger agreement tests) ------
+ANSWER = "x" * 40 + "</reason><answer>\\boxed{1}</answer><|im_end|>"  # every sample's one turn
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    id: str
+    problem: str
+    answer: str = "1"
+
+
+def scripted_problems(n: int = 6) -> list[Problem]:
+    """``n`` problems ``p0..`` with prompts growing by 7 characters."""
+    return [Problem(f"p{i}", "q" * (10 + 7 * i)) for i in range(n)]
+
+
+def record_ledgers(monkeypatch) -> tuple[list, list[int]]:
+    """Patch ``AdmissionLedger`` so that every ledger built is appended to the first list, and the
+    number of admissions each had made when its first trajectory finished to the second."""
+    from rstar2_jax.rollout.ledger import AdmissionLedger
+
+    ledgers, first_finish = [], []
+    orig_init, orig_finish = AdmissionLedger.__init__, AdmissionLedger.on_finish
+
+    def init(self, *a, **kw):
+        orig_init(self, *a, **kw)
+        ledgers.append(self)
+
+    def on_finish(self, *a, **kw):
+        if len(first_finish) < len(ledgers):
+            first_finish.append(len(self.admissions))
+        orig_finish(self, *a, **kw)
+
+    monkeypatch.setattr(AdmissionLedger, "__init__", init)
+    monkeypatch.setattr(AdmissionLedger, "on_finish", on_finish)
+    return ledgers, first_finish

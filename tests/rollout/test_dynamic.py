@@ -247,31 +247,12 @@ def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypat
     from rstar2_jax.rollout.simulate import Simulator
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
     from rstar2_jax.tokenizer import ByteTokenizer
-    from tests.rollout.fakes import ScriptedEngine
+    from tests.rollout.fakes import ANSWER, ScriptedEngine, record_ledgers, scripted_problems
 
     tok, tpl, budget = ByteTokenizer(), TemplateConfig.toy(), 96
-    logs, first_finish = [], []
-    orig_init, orig_finish = AdmissionLedger.__init__, AdmissionLedger.on_finish
-
-    def init(self, *a, **kw):
-        orig_init(self, *a, **kw)
-        logs.append(self)
-
-    def on_finish(self, *a, **kw):
-        if len(first_finish) < len(logs):
-            first_finish.append(len(self.admissions))
-        orig_finish(self, *a, **kw)
-
-    monkeypatch.setattr(AdmissionLedger, "__init__", init)
-    monkeypatch.setattr(AdmissionLedger, "on_finish", on_finish)
-
-    class P:
-        def __init__(self, i):
-            self.id, self.problem, self.answer = f"p{i}", "q" * (10 + 7 * i), "1"
-
-    problems = [P(i) for i in range(6)]
+    logs, first_finish = record_ledgers(monkeypatch)
+    problems, answer = scripted_problems(6), ANSWER
     hist = {f"p{i}": [10 * (i + 1)] * 4 for i in range(6)}  # p5 longest
-    answer = "x" * 40 + "</reason><answer>\\boxed{1}</answer><|im_end|>"
     engines = [ScriptedEngine(tok, lambda prompt, child, turn: answer, num_slots=8) for _ in range(2)]
     d = Dispatcher(engines, None, tok, RolloutConfig(n_samples=4, budget=budget, template=tpl, policy="dynamic"),
                    history=hist)
