@@ -19,9 +19,10 @@ predicted to finish sooner (its context is prefilled there again; the seconds pe
 engine are measured from its steps). The dispatcher's view of a live trajectory's progress is its
 tokens at its last turn boundary plus, while it generates, the engine's model steps since (one
 token per step at most; ``Stepped.steps``: a decode-loop call runs several). The ledger's length
-model and adaptive ratio persist across ``run`` calls: admission starts from what the policy does now, not from the pessimistic prior, and it remembers
-each problem's final lengths (the long-first order). Unless it migrates, a trajectory stays on its
-engine across turns; its forecast is dropped when it finishes, aborts or errors.
+model and adaptive ratio persist across ``run`` calls: admission starts from what the policy does
+now, not from the pessimistic prior, and it remembers each problem's final lengths (the
+long-first order). Unless it migrates, a trajectory stays on its engine across turns; its forecast
+is dropped when it finishes, aborts or errors.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@
 * ``dense_sampler``: static-batch dense-cache sampler and a naive recompute decoder (comparison).
 """
 
+from rstar2_jax.sampling.data_parallel import DataParallelEngine
 from rstar2_jax.sampling.dense_sampler import DenseSampler, naive_generate
 from rstar2_jax.sampling.engine import EngineConfig, PagedEngine, child_key_data, key_data
 from rstar2_jax.sampling.interface import STOP_REASONS, Engine, EngineStats, Request, StopEvent, StopReason
@@ -24,7 +25,7 @@ from rstar2_jax.sampling.sampling_fns import (Greedy, RowParams, Sampler, Temper
                                               policy_logprobs, sample_rows)
 
 __all__ = [
-    "DECODE_KERNELS", "DenseSampler", "Engine", "EngineConfig", "EngineStats", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
+    "DECODE_KERNELS", "DataParallelEngine", "DenseSampler", "Engine", "EngineConfig", "EngineStats", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
     "PagedEngine", "Request", "RowParams", "STOP_REASONS", "Sampler", "StopEvent", "StopReason", "Temperature", "TopK", "TopP",
     "attention_impls", "child_key_data", "copy_pages", "init_cache", "key_data", "naive_generate", "page_bytes",
     "paged_attention", "pages_for_budget", "policy_logprobs", "register_decode_kernel", "sample_rows", "write_kv",
