@@ -18,11 +18,14 @@ Workloads:
     measured here as a function of rows, prefill chunks and context length, (b)'s shape, program
     latencies as measured in (b).
 
-Policies run interleaved per seed (order rotated), on the same engines. Each batch is epoch 1 of the
-seed's problems; epoch 0's final lengths seed the length model and the per-problem history (what a
-long-lived ``Rollout`` has seen). Per workload: makespan, per-engine idle, p50/p90 trajectory latency
-(first submission to end), preemptions, recompute (prefill beyond prompts and tool responses:
-preemptions, unshared forks, migrations) as a fraction of all tokens fed or sampled; a KV plot each.
+Migrations carry the trajectory's K/V (``Engine.export_seq``/``import_seq`` through the engines'
+processes): the tool response is all the new engine prefills. Policies run interleaved per seed
+(order rotated), on the same engines. Each batch is epoch 1 of the seed's problems; epoch 0's final
+lengths seed the length model and the per-problem history (what a long-lived ``Rollout`` has seen).
+Per workload: makespan, per-engine idle, p50/p90 trajectory latency (first submission to end),
+preemptions, recompute (prefill beyond prompts and tool responses: preemptions, unshared forks,
+re-prefilled migrations) and K/V moved as fractions of all tokens fed or sampled, the machine's
+cores busy, the critical path (the longest trajectory alone); a KV plot each.
 Three seeds by default (about 12 min on the 2-core machine); ``--quick``: one seed of 6 problems x 4
 samples on engines of a third of the slots and pages, so that KV memory binds as in the default (at
 the default engine size 24 trajectories never fill the pool: no preemption, no imbalance from
@@ -79,17 +82,34 @@ def cases(args) -> list[Case]:
                                                    "half speed (its host sleeps each step's duration again)")]
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine so far (``/proc/stat``; zeros where there is none)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return 0, 0
+    return sum(v) - v[3] - v[4], sum(v)  # idle and iowait are not busy
+
+
 def run_policy(name: str, problems, scripts, w: Workload, seed: int, engines, pool, lengths, by_key, step_s):
     by_prompt = {tuple(TOK.encode(render_prompt(p.problem, tpl(w)))): s for p, s in zip(problems, scripts)}
     for e in engines:
         e.call("reset", by_prompt)
     cfg = RolloutConfig(n_samples=w.n_samples, budget=w.budget, template=tpl(w), **POLICIES[name])
+    busy0, tot0 = cpu_jiffies()
     res = Dispatcher(engines, pool, TOK, cfg, lengths=lengths, history=by_key, step_s=step_s).run(problems, seed=seed)
+    busy1, tot1 = cpu_jiffies()
     m = res.metrics
+    m["cores_busy"] = (os.cpu_count() or 1) * (busy1 - busy0) / max(tot1 - tot0, 1)  # engines, tools, host
+    # the longest trajectory alone: its sampled tokens at the fastest probe step, plus its tool calls
+    m["critical_path_s"] = max(sum(t.loss_mask) * min(step_s) + sum(r.latency_s for r in t.tools)
+                               for t in res.trajectories)
     st = [e.stats() for e in engines]
     fed = sum(s.prefill_tokens for s in st)
     m["recompute_tokens"] = fed - m["fresh_prefill_tokens"]
     m["recompute_frac"] = m["recompute_tokens"] / max(fed + sum(s.decode_tokens for s in st), 1)
+    m["kv_moved_frac"] = m["kv_moved_tokens"] / max(fed + sum(s.decode_tokens for s in st), 1)
     m["rows_per_step"] = [s.decode_tokens / max(s.steps, 1) for s in st]
     m["program_s"] = [(r.code, r.latency_s) for t in res.trajectories for r in t.tools]
     for e in engines:  # every sequence released, table consistent (no page leak)
@@ -116,8 +136,9 @@ def table_row(name: str, ms: list[dict]) -> str:
     idle = np.mean([m["idle_fraction"] for m in ms], axis=0)
     return (f"  {name:16s} makespan {f('makespan_s'):6.1f} s | idle % {[round(100 * x) for x in idle]} | latency "
             f"p50/p90 {f('traj_latency_p50_s'):5.1f}/{f('traj_latency_p90_s'):5.1f} s | preemptions "
-            f"{f('preemptions'):5.1f} | recompute {f('recompute_frac'):.3f} | migrations {f('migrations'):4.1f} | rows "
-            f"{np.mean([m['rows_per_step'] for m in ms]):4.1f}")
+            f"{f('preemptions'):5.1f} | recompute {f('recompute_frac'):.3f} | migrations {f('migrations'):4.1f} "
+            f"(K/V moved {f('kv_moved_frac'):.3f}) | rows {np.mean([m['rows_per_step'] for m in ms]):4.1f}"
+            + (f" | cores busy {f('cores_busy'):.1f}" if "cores_busy" in ms[0] else ""))
 
 
 def plot_kv(panels: list[tuple[str, list, int]], path: Path, title: str) -> None:
@@ -232,6 +253,10 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
             engines[1].call("set_slowdown", 1.0)
             for name in POLICIES:
                 print(table_row(name, results[cs.name][name]))
+            cp = np.mean([m["critical_path_s"] for m in results[cs.name]["static"]])
+            print(f"  critical path (the longest trajectory alone: its sampled tokens at the faster probe step, plus "
+                  f"its tool calls as measured under static): {cp:.1f} s; cores busy counts the whole machine "
+                  f"(engines, sandbox programs, dispatcher) of {os.cpu_count()}")
             path = Path(args.plot_dir) / f"kv_{cs.name}.png"
             plot_kv([(f"{n}: makespan {r.metrics['makespan_s']:.1f} s, preemptions {r.metrics['preemptions']}",
                       r.timeline, r.metrics["kv_total_pages"][0]) for n, r in first.items()], path, cs.text[:110])
@@ -269,7 +294,8 @@ def simulated(args, w: Workload, seeds: list[int], steps: tuple, prompt_len: int
                                   traj_latency_p50_s=float(np.percentile(r.latency_s, 50)),
                                   traj_latency_p90_s=float(np.percentile(r.latency_s, 90)), preemptions=r.preemptions,
                                   recompute_frac=(r.recomputed_tokens + r.migrated_tokens) / r.processed_tokens,
-                                  migrations=r.migrations, rows_per_step=np.mean(r.mean_rows)))
+                                  migrations=r.migrations, rows_per_step=np.mean(r.mean_rows),
+                                  kv_moved_frac=r.kv_moved_tokens / r.processed_tokens))
             if seed == seeds[0]:
                 first[name] = r
     for name in POLICIES:

@@ -276,6 +276,12 @@ class EngineHost:
     def release(self, seq_id: int) -> None:
         self.engine.release(seq_id)
 
+    def export_seq(self, seq_id: int):
+        return self.engine.export_seq(seq_id)
+
+    def import_seq(self, export, appended_tokens=(), *, max_new_tokens: int) -> int:
+        return self.engine.import_seq(export, appended_tokens, max_new_tokens=max_new_tokens)
+
     def step(self) -> list[StopEvent]:
         t = time.perf_counter()
         out = self.engine.step()

@@ -63,6 +63,7 @@ class AdmissionConfig:
     running_reserve: float = 1.0  # share of the live members' expected growth that must fit besides what they hold
     migrate: bool = False  # a trajectory back from a tool may move (re-prefill) to a faster engine
     migrate_margin: float = 0.25  # ... if its predicted finish there is this fraction earlier at least
+    move_kv: bool = True  # a migration carries the K/V (Engine.export_seq/import_seq) instead of a re-prefill
     history_weight: float = 2.0  # pseudo-lengths at the batch mean in a problem's predicted length
     history_per_key: int = 16  # final lengths remembered per problem (across batches)
 

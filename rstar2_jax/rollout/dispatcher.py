@@ -15,8 +15,9 @@ hands the head one to the engine that would end its predicted work with it first
 a free slot and room (pages held now plus the live members' expected growth and a share of the
 forecast growth, ``rollout.ledger``; overflow preempts),
 and with ``migrate`` a trajectory back from a tool may move to an engine where it is
-predicted to finish sooner (its context is prefilled there again; the seconds per step of each
-engine are measured from its steps). The dispatcher's view of a live trajectory's progress is its
+predicted to finish sooner (with ``move_kv`` its K/V goes along, ``Engine.export_seq`` /
+``import_seq``; else, or if the engine cannot export, its context is prefilled there again; the
+seconds per step of each engine are measured from its steps). The dispatcher's view of a live trajectory's progress is its
 tokens at its last turn boundary plus, while it generates, the engine's model steps since (one
 token per step at most; ``Stepped.steps``: a decode-loop call runs several). The ledger's length
 model and adaptive ratio persist across ``run`` calls: admission starts from what the policy does
@@ -37,8 +38,8 @@ import numpy as np
 
 from rstar2_jax.rollout.capacity import AdmissionConfig, Policy
 from rstar2_jax.rollout.ledger import AdmissionLedger, EngineShape
-from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Refused, Release, Resume, Stepped, StopWorker,
-                                         SubmitGroup, ToolDone)
+from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, ImportSeq, MoveOut, Refused, Release,
+                                         Resume, Stepped, StopWorker, SubmitGroup, ToolDone)
 from rstar2_jax.rollout.template import TemplateConfig, ToolCall, ToolCallError, render_prompt
 from rstar2_jax.rollout.trajectory import Status, Trajectory
 from rstar2_jax.rollout.worker import EngineWorker
@@ -187,7 +188,7 @@ class Dispatcher:
         self._t_start: dict[int, float] = {}  # uid -> perf_counter at its first submission
         self._t_end: dict[int, float] = {}
         self._fresh_prefill = 0  # prompt tokens per submitted group + tool tokens appended
-        self._migrations, self._migrated_tokens = 0, 0
+        self._migrations, self._migrated_tokens, self._kv_moved = 0, 0, 0
         max_len = min(e.max_seq_len for e in self.engines)
         for gi, p in enumerate(problems, start=first_group):
             text = str(getattr(p, "problem", "") or "")
@@ -286,6 +287,8 @@ class Dispatcher:
             self._on_tool(self._by_uid[msg.uid], result, time.perf_counter() - msg.t0)
         elif isinstance(msg, Crashed):  # the engine's state is undefined now: fail the whole batch loudly
             raise RuntimeError(f"engine {msg.engine} crashed: {type(msg.exc).__name__}: {msg.exc}") from msg.exc
+        elif isinstance(msg, Exported):
+            self._moved_out(msg)
         elif isinstance(msg, Refused):
             self._on_refused(msg)
 
@@ -293,11 +296,12 @@ class Dispatcher:
         cmd, e = msg.command, msg.engine
         if isinstance(cmd, Release):
             return  # the trajectory is already done; nothing to fail
-        trajs = cmd.group.trajs if isinstance(cmd, SubmitGroup) else [self._by_seq.get((e, cmd.seq_id))]
+        trajs = cmd.group.trajs if isinstance(cmd, (SubmitGroup, MoveOut, ImportSeq)) else \
+            [self._by_seq.get((e, cmd.seq_id))]
         for t in trajs:
             if t is not None and t.status is not Status.DONE:
                 t.finish("error", msg.error)
-                self._finish(t, None if isinstance(cmd, SubmitGroup) else self._seq_of.get(t.uid, (e, None))[1])
+                self._finish(t, self._seq_of.get(t.uid, (e, None))[1] if isinstance(cmd, Resume) else None)
 
     def _on_stop(self, e: int, ev: StopEvent) -> None:
         t = self._by_seq[(e, ev.seq_id)]
@@ -331,17 +335,17 @@ class Dispatcher:
         context = len(t.prompt_tokens) + len(t.response_tokens)
         f = self.ledger.migration(e, t.uid, context, self._step_s) if all(self._step_s) else None
         if f is not None:
-            self._migrate(t, e, seq_id, f)
+            self._migrate(t, e, seq_id, f, tokens)
             return
         self._mark[t.uid] = self._clock[e]
         self.ledger.on_progress(e, t.uid)
         self.workers[e].commands.put(Resume(seq_id, tokens, t.remaining))
 
-    def _migrate(self, t: Trajectory, e: int, seq_id: int, f: int) -> None:
-        """Move ``t`` (back from a tool on ``e``) to ``f``: free it on ``e``, submit its whole context
-        (prompt + response so far, tool response included) to ``f`` as a one-sample group."""
+    def _migrate(self, t: Trajectory, e: int, seq_id: int, f: int, tokens: list[int]) -> None:
+        """Move ``t`` (back from a tool on ``e``; ``tokens``: the tool response) to ``f``: with
+        ``move_kv`` the engine exports its K/V first (``MoveOut``, then ``_moved_out``); else it is
+        freed on ``e`` and its whole context submitted to ``f`` as a one-sample group."""
         context = list(t.prompt_tokens) + list(t.response_tokens)
-        self.workers[e].commands.put(Release(seq_id))
         self._by_seq.pop((e, seq_id), None)
         g = _Group([t], context, key=(self._group_of[t.uid].key * 31 + len(t.turns) * 7 + 1) % (1 << 62),
                    engine=f, problem=self._group_of[t.uid].problem)
@@ -349,10 +353,29 @@ class Dispatcher:
         self._group_of[t.uid], self._engine_of[t.uid] = g, f
         self._mark[t.uid] = self._clock[f]
         self._migrations += 1
-        self._migrated_tokens += len(context)
-        request = Request(prompt=context, key=g.key, max_new_tokens=t.remaining, sampler=self.cfg.sampler,
+        if self.cfg.move_kv:
+            self.workers[e].commands.put(MoveOut(seq_id, g, f, tokens, t.remaining))
+            return
+        self.workers[e].commands.put(Release(seq_id))
+        self._resubmit(g, t)
+
+    def _moved_out(self, msg: Exported) -> None:
+        """``msg.command``'s trajectory left its engine: import it where it goes (or resubmit its context)."""
+        cmd = msg.command
+        (t,) = cmd.group.trajs
+        if t.status is Status.DONE:
+            return
+        if msg.export is None:
+            self._resubmit(cmd.group, t)
+            return
+        self._kv_moved += msg.export.cached
+        self.workers[cmd.dest].commands.put(ImportSeq(cmd.group, msg.export, cmd.tokens, cmd.max_new_tokens))
+
+    def _resubmit(self, g: _Group, t: Trajectory) -> None:
+        self._migrated_tokens += len(g.prompt)
+        request = Request(prompt=g.prompt, key=g.key, max_new_tokens=t.remaining, sampler=self.cfg.sampler,
                           stop_token_ids=self.stop_ids, stop_strings=self.stop_strings)
-        self.workers[f].commands.put(SubmitGroup(g, request, 1))
+        self.workers[g.engine].commands.put(SubmitGroup(g, request, 1))
 
     def _finish(self, t: Trajectory, seq_id: int | None) -> None:
         g = self._group_of.get(t.uid)
@@ -374,6 +397,7 @@ class Dispatcher:
             "traj_latency_p90_s": float(np.percentile(traj_lat, 90)),  # first submission -> end
             "fresh_prefill_tokens": self._fresh_prefill,  # prompts (once per group) + tool responses
             "migrations": self._migrations, "migrated_tokens": self._migrated_tokens,  # contexts prefilled again
+            "kv_moved_tokens": self._kv_moved,  # cached positions that moved with their K/V (not recomputed)
             "policy": self.cfg.policy.value, "step_s": list(self._step_s),
             "makespan_s": makespan, "output_tokens": sampled, "tokens_per_s": sampled / max(makespan, 1e-9),
             "preemptions": int(sum(self._preempt) - sum(preempt0)),

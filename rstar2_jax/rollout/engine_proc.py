@@ -215,6 +215,13 @@ class ProcessEngine:
     def release(self, seq_id: int) -> None:
         self._rpc("release", (seq_id,))
 
+    def export_seq(self, seq_id: int) -> Any:
+        """The paused sequence's ``SeqExport`` (its K/V as host arrays, pickled back)."""
+        return self._rpc("export_seq", (seq_id,))
+
+    def import_seq(self, export: Any, appended_tokens: Sequence[int] = (), *, max_new_tokens: int) -> int:
+        return self._rpc("import_seq", (export, list(appended_tokens)), {"max_new_tokens": max_new_tokens})
+
     def step(self) -> list[Any]:
         """One engine step in the child; its ``StopEvent``\\ s come back pickled."""
         return self._rpc("step")

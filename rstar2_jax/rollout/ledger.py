@@ -32,9 +32,9 @@ more work. ``kappa = min(1, growth_reserve * ratio)`` (0: admit to the memory li
 safety valve (its recompute counted by the caller) and each one raises the adaptive ratio
 (``+ratio_up``), each admission decays it, so after overflows more of the growth is reserved.
 ``migration`` (``migrate=True``) proposes moving a member back from a tool to another engine
-(re-prefill of its context there) when it is the straggler (its predicted finish where it is comes after
+(its K/V goes along with ``move_kv``, else its context is prefilled there again) when it is the straggler (its predicted finish where it is comes after
 every other engine's longest live member's) and its predicted remaining tokens
-(``LengthModel.residual`` at its problem's scale) plus the prefill steps finish there at least
+(``LengthModel.residual`` at its problem's scale), plus any re-prefill steps, finish there at least
 ``migrate_margin`` earlier (seconds per step as the caller measures them), and that engine has a
 free slot and the pages.
 
@@ -323,9 +323,9 @@ class AdmissionLedger:
         """Engine that ``member`` (on ``e``, back from a tool, ``context`` tokens so far) should move
         to, or None. Only a straggler moves (its predicted finish where it is, ``step_s[e]`` x its
         predicted remaining tokens, is later than every other engine's: the soonest an engine ends
-        is when its longest live member does), and only where its remaining tokens plus the
-        re-prefill finish at least ``migrate_margin`` earlier (``step_s[x]``: seconds per step of
-        engine ``x`` now): a move off the critical path shortens nothing and costs its context."""
+        is when its longest live member does), and only where its remaining tokens (plus the
+        re-prefill unless ``move_kv``) finish at least ``migrate_margin`` earlier (``step_s[x]``:
+        seconds per step of engine ``x`` now): a move off the critical path shortens nothing."""
         if self.cfg.policy is not Policy.DYNAMIC or not self.cfg.migrate:
             return None
         rem = self.predicted_remaining(e, member)
@@ -336,7 +336,8 @@ class AdmissionLedger:
         times = []
         for f in range(len(self.shapes)):
             chunk = self.shapes[f].prefill_chunk
-            t = (rem + (math.ceil(context / chunk) if chunk else 1)) * step_s[f]
+            refeed = 0 if self.cfg.move_kv else (math.ceil(context / chunk) if chunk else 1)  # re-prefill steps
+            t = (rem + refeed) * step_s[f]
             if f != e and t < limit and self.free_slots(f) > 0:
                 times.append((t, f))
         surv = self._group_surv[self._books[e].live[member][1]]

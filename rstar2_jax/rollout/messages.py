@@ -3,8 +3,11 @@
 Commands go to one engine's worker (``EngineWorker.commands``); events come back on the
 dispatcher's single queue, in the order they happened on that engine::
 
-    dispatcher --SubmitGroup/Resume/Release/StopWorker--> worker(e)
-    worker(e)  --Admitted/Stepped/Refused/Crashed------> dispatcher
+    dispatcher --SubmitGroup/Resume/Release/MoveOut/ImportSeq/StopWorker--> worker(e)
+    worker(e)  --Admitted/Stepped/Exported/Refused/Crashed--------------> dispatcher
+
+A migration with its K/V: ``MoveOut`` to the engine it leaves (export, release), ``Exported`` back,
+``ImportSeq`` to the engine it joins, ``Admitted`` back.
     tool pool  --ToolDone------------------------------> dispatcher   (a future's callback)
 """
 
@@ -39,11 +42,33 @@ class Release:
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
+class MoveOut:
+    """Export paused ``seq_id`` (``Engine.export_seq``) and release it; ``group`` (one trajectory),
+    ``dest``, ``tokens`` and ``max_new_tokens`` are the dispatcher's, echoed in ``Exported``."""
+
+    seq_id: int
+    group: Hashable
+    dest: int
+    tokens: Sequence[int]  # to append where it goes (the tool response)
+    max_new_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ImportSeq:
+    """Continue an exported sequence here (``Engine.import_seq``); answered by ``Admitted``."""
+
+    group: Hashable
+    export: Any  # sampling.kv_transfer.SeqExport
+    tokens: Sequence[int]
+    max_new_tokens: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
 class StopWorker:
     """Leave the worker loop (end of a batch)."""
 
 
-Command = SubmitGroup | Resume | Release | StopWorker
+Command = SubmitGroup | Resume | Release | MoveOut | ImportSeq | StopWorker
 
 
 # -- events (engine workers and tool callbacks -> dispatcher) ----------------------------------------
@@ -67,6 +92,17 @@ class Stepped:
     preemptions: int
     step_s: float = 0.0
     steps: int = 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Exported:
+    """``command``'s sequence left ``engine``: ``export`` holds it (None: the engine cannot export,
+    or the export failed; the sequence was released anyway and its context is prefilled again)."""
+
+    engine: int
+    command: MoveOut
+    export: Any
+    error: str = ""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -95,4 +131,4 @@ class ToolDone:
     t0: float
 
 
-Event = Admitted | Stepped | Refused | Crashed | ToolDone
+Event = Admitted | Stepped | Exported | Refused | Crashed | ToolDone

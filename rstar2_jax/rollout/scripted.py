@@ -8,9 +8,10 @@ the engine's reason; ``cut`` may be overridden). The sampler log-probs it report
 engine's for the tokens it drew, not for the script's: train on such rollouts with
 ``old_logp_source="recompute"``.
 
-A trajectory that a dispatcher migrated arrives as a one-sample group whose prompt is its whole
-context so far; ``locate(prompt) -> (original prompt, child, turn) | None`` (optional) names the
-script's trajectory and turn it continues (None: a fresh prompt).
+A trajectory that a dispatcher migrated arrives either with its K/V (``import_seq``: the export
+carries the script position) or as a one-sample group whose prompt is its whole context so far;
+then ``locate(prompt) -> (original prompt, child, turn) | None`` (optional) names the script's
+trajectory and turn it continues (None: a fresh prompt).
 
 Use: a dry-run whose random policy would never earn a reward (so RoC would drop every group and
 no update would run) gets rollouts with a known mix of right and wrong answers, and the whole
@@ -94,6 +95,18 @@ class ScriptedPolicy:
     def release(self, seq_id: int) -> None:
         self._state.pop(seq_id, None)
         self.engine.release(seq_id)
+
+    def export_seq(self, seq_id: int) -> Any:
+        """The engine's ``SeqExport`` with the script position in ``meta``."""
+        return dataclasses.replace(self.engine.export_seq(seq_id), meta=tuple(self._state[seq_id][:3]))
+
+    def import_seq(self, export: Any, appended_tokens: Sequence[int] = (), *, max_new_tokens: int) -> int:
+        """Continue an exported sequence's script at its next turn (as ``resume``)."""
+        prompt, child, turn = export.meta
+        ids = self._turn(prompt, child, turn + 1)
+        sid = self.engine.import_seq(export, appended_tokens, max_new_tokens=min(len(ids), max_new_tokens))
+        self._state[sid] = [prompt, child, turn + 1, ids]
+        return sid
 
     def step(self) -> list[StopEvent]:
         out = []

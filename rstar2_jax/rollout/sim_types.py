@@ -85,5 +85,6 @@ class SimResult:
     latency_s: list[float] = dataclasses.field(default_factory=list)  # per trajectory: first submission -> end
     migrations: int = 0
     migrated_tokens: float = 0.0  # contexts fed again on the engine a sequence moved to
+    kv_moved_tokens: float = 0.0  # cached positions that moved with their K/V (``move_kv``)
     processed_tokens: float = 0.0  # every token fed or sampled (prompts once per child, recompute included)
     timeline: list[list[tuple[float, float]]] = dataclasses.field(default_factory=list)  # per engine: (s, pages)

@@ -15,7 +15,8 @@ that follow ``PagedEngine``'s rules, under the dispatcher's policies (``rstar2_j
   problem, ``history`` its earlier final lengths), the head one to the engine with a free slot and
   pages now (``AdmissionLedger.place``); with ``migrate`` a sequence whose tool answered may move
   to another engine (``AdmissionLedger.migration``, seconds per step = the engine's last step
-  cost): it frees its KV and recomputes its whole context there (``migrated_tokens``).
+  cost): its KV goes along (``move_kv``, ``kv_moved_tokens``) or it is freed and the whole context
+  recomputed there (``migrated_tokens``).
 
 Engine model (both policies): at most ``num_slots`` sequences sit in slots; a step gives each
 decoding sequence one token and feeds one ``prefill_chunk`` to each of the ``prefill_rows`` oldest
@@ -35,8 +36,8 @@ Approximations (named): step costs are constant between events (context growth w
 not priced); KV is counted in tokens plus half a page of slack per holder (not exact
 pages), and admission leaves one token of room per active sequence; every child prefills its own
 prompt (the engine prefills a group's prompt once); a fed row samples its first token in the next
-step (the engine samples it with the last chunk); host overheads beyond the step costs are not
-modelled.
+step (the engine samples it with the last chunk); host overheads beyond the step costs, and the
+time a K/V move takes, are not modelled.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class Simulator:
             else range(len(self.gs))
         self.pending = [self.gs[i] for i in reversed(list(order))]  # groups not yet admitted (pop from the end)
         self.preemptions, self.recomputed = 0, 0.0
-        self.migrations, self.migrated = 0, 0.0
+        self.migrations, self.migrated, self.kv_moved = 0, 0.0, 0.0
         self.latency: list[float] = []
         self.next_order = 0  # submissions so far: a sequence's order (a migrated one queues as the newest)
         self.now = 0.0  # the event being handled
@@ -177,14 +178,18 @@ class Simulator:
         self.reschedule(idx, now)
 
     def migrate(self, s: _Seq, idx: int, now: float) -> None:
-        """Move ``s`` (its tool answered, response appended) to engine ``idx``: its KV is freed and
-        its whole context recomputed there, as a new submission."""
+        """Move ``s`` (its tool answered, response appended) to engine ``idx``, queued as a new
+        submission: its KV goes along (``move_kv``; held there from its admission) or is freed and
+        its whole context recomputed there."""
         old = self.engs[s.engine]
         self.free(old, s)
         self.ledger.on_move(s.engine, idx, s, int(s.total), s.resp)
         self.migrations += 1
-        self.migrated += s.total - s.uncached  # cached tokens fed again (the response is new either way)
-        s.uncached = s.total
+        if self.policy.move_kv:
+            self.kv_moved += s.total - s.uncached
+        else:
+            self.migrated += s.total - s.uncached  # cached tokens fed again (the response is new either way)
+            s.uncached = s.total
         s.engine, s.order = idx, (self.next_order, 0)
         self.next_order += 1
         e = self.engs[idx]
@@ -390,6 +395,7 @@ class Simulator:
                          mean_pages=[e.kv_s / now / z if now else 0.0 for e in engs], preemptions=self.preemptions,
                          recomputed_tokens=float(self.recomputed), latency_s=self.latency,
                          migrations=self.migrations, migrated_tokens=float(self.migrated),
+                         kv_moved_tokens=float(self.kv_moved),
                          processed_tokens=float(sum(len(g.seqs) * g.prompt_len + sum(t.spec.tokens for t in g.seqs)
                                                     for g in self.gs) + self.recomputed + self.migrated),
                          timeline=[e.timeline for e in engs])

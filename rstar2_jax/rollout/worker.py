@@ -12,8 +12,8 @@ import queue
 import threading
 import time
 
-from rstar2_jax.rollout.messages import (Admitted, Command, Crashed, Event, Refused, Release, Resume, Stepped,
-                                         StopWorker, SubmitGroup)
+from rstar2_jax.rollout.messages import (Admitted, Command, Crashed, Event, Exported, ImportSeq, MoveOut, Refused,
+                                         Release, Resume, Stepped, StopWorker, SubmitGroup)
 from rstar2_jax.sampling.interface import Engine
 
 
@@ -65,5 +65,22 @@ class EngineWorker(threading.Thread):
             elif isinstance(cmd, Release):
                 self.engine.release(cmd.seq_id)
                 self.timeline.append((time.perf_counter() - self.t0, self.engine.stats().kv_pages_in_use))
+            elif isinstance(cmd, MoveOut):
+                self._move_out(cmd)
+            elif isinstance(cmd, ImportSeq):
+                sid = self.engine.import_seq(cmd.export, cmd.tokens, max_new_tokens=cmd.max_new_tokens)
+                self.out.put(Admitted(self.idx, cmd.group, (sid,)))
         except Exception as e:  # an engine refusal fails those trajectories, not the batch
             self.out.put(Refused(self.idx, cmd, f"{type(e).__name__}: {e}"))
+
+    def _move_out(self, cmd: MoveOut) -> None:
+        """Export (if the engine can) and release; the dispatcher gets ``Exported`` either way."""
+        export, error = None, ""
+        if callable(getattr(self.engine, "export_seq", None)):
+            try:
+                export = self.engine.export_seq(cmd.seq_id)
+            except Exception as e:  # noqa: BLE001 - it moves without its K/V (recomputed there)
+                error = f"{type(e).__name__}: {e}"
+        self.engine.release(cmd.seq_id)
+        self.timeline.append((time.perf_counter() - self.t0, self.engine.stats().kv_pages_in_use))
+        self.out.put(Exported(self.idx, cmd, export, error))

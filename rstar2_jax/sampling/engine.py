@@ -60,7 +60,7 @@ from flax import nnx
 
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.sampling import decode_loop as loop_mod
-from rstar2_jax.sampling import kv_cache
+from rstar2_jax.sampling import kv_cache, kv_transfer
 from rstar2_jax.sampling.engine_config import EngineConfig, child_key_data, key_data  # noqa: F401 (re-exported)
 from rstar2_jax.sampling.interface import STOP_REASONS, EngineStats, Request, StopEvent  # noqa: F401
 from rstar2_jax.sampling.page_table import PageTable
@@ -108,7 +108,7 @@ class PagedEngine:
         self._next_id = 0
         self._next_order = 0
         self._stats = dict(steps=0, tokens_generated=0, prefill_tokens=0, decode_tokens=0, page_copies=0,
-                           submitted=0, decode_loop_calls=0)
+                           submitted=0, decode_loop_calls=0, kv_exported_tokens=0, kv_imported_tokens=0)
 
     # -- public API ------------------------------------------------------------------------------
     def submit(self, request: Request) -> int:
@@ -165,6 +165,39 @@ class PagedEngine:
     def release(self, seq_id: int) -> None:
         """Forget a sequence and free its pages (any state: paused, or abort while waiting/active)."""
         self.scheduler.release(self._get(seq_id))
+
+    def export_seq(self, seq_id: int) -> kv_transfer.SeqExport:
+        """A paused sequence's tokens, cached K/V (host copies) and sampling state, for
+        ``import_seq`` on another engine (``kv_transfer``). It stays here until released."""
+        seq = self._get(seq_id)
+        if seq.state is not SeqState.PAUSED:
+            raise ValueError(f"export_seq: sequence {seq_id} is {seq.state.value}, not paused")
+        n = seq.cached if self.scheduler.holds_pages(seq) else 0  # preempted while paused: nothing cached
+        kv = kv_transfer.read_tokens(self.cache, self.page_table.pages(seq.id), n) if n else ()
+        self._stats["kv_exported_tokens"] += n
+        return kv_transfer.SeqExport(tuple(seq.tokens), kv, seq.key_data, seq.params, seq.stop_ids, seq.stop_strings)
+
+    def import_seq(self, export: kv_transfer.SeqExport, appended_tokens: Sequence[int] = (), *,
+                   max_new_tokens: int) -> int:
+        """Continue an exported sequence here as ``resume(appended_tokens, max_new_tokens)`` would
+        have where it was; returns its new ``seq_id``. Its K/V goes into fresh pages if they are
+        free now (else it recomputes them, like a preempted sequence); it queues as the newest."""
+        if max_new_tokens <= 0:
+            raise ValueError(f"import_seq: max_new_tokens must be positive, got {max_new_tokens}")
+        tokens = list(export.tokens) + [int(t) for t in appended_tokens]
+        self._validate(Request(prompt=tokens, key=0, max_new_tokens=max_new_tokens,
+                               stop_strings=export.stop_strings))
+        if export.kv:
+            kv_transfer.check_compatible(export.kv, self.cache)
+        seq = Seq(self._take_id(), (self._new_order(), 0), tokens, export.key_data, export.params,
+                  stop_ids=export.stop_ids, stop_strings=export.stop_strings, max_new=max_new_tokens)
+        n, pt = export.cached, self.page_table
+        if n and pt.pages_needed(n) <= pt.free_pages():
+            self.cache = kv_transfer.write_tokens(self.cache, pt.allocate(seq.id, n), export.kv)
+            seq.cached = n
+            self._stats["kv_imported_tokens"] += n
+        self.scheduler.add(seq)
+        return seq.id
 
     def step(self) -> list[StopEvent]:
         """Admit waiting sequences, run one jitted step, return the sequences that stopped."""

@@ -58,6 +58,8 @@ class EngineStats:
     page_copies: int = 0  # copy-on-write page copies (group forks)
     unshared_children: int = 0  # group children left no room to share the prompt's K/V at fork: they recompute it
     submitted: int = 0  # sequences submitted (group children count one each)
+    kv_exported_tokens: int = 0  # cached positions whose K/V left by ``export_seq`` (a migration)
+    kv_imported_tokens: int = 0  # positions whose K/V arrived by ``import_seq`` (not recomputed)
     kv_pages_in_use: int = 0  # now
     kv_pages_total: int = 0  # usable pages (null page excluded)
     seqs_holding_pages: int = 0  # now: sequences with KV pages (active or paused)

@@ -173,8 +173,9 @@ def test_sim_migration_moves_the_straggler_to_the_fast_engine():
     # e0 slow (0.4 s a step), e1 fast (0.1 s); the history misleads: X (30 tokens) was long, Y short.
     # X goes first, to the fast engine (0.1 x 118 < 0.4 x 118), done at 3.1 s; Y to the slow one
     # (0.4 x its ~20 < 0.1 x (118 + 20)): 1 prompt step + 10 tokens = 4.4 s, tool 1 s. At 5.4 s Y is back: on e0 its
-    # remaining 100 tokens take 40 s (+ 1 step for the response): 45.8 s. Migrated, e1 recomputes its
-    # 26-token context (18 cached + 8 appended: 4 chunks) and samples 100: 5.4 + 10.4 = 15.8 s.
+    # remaining 100 tokens take 40 s (+ 1 step for the response): 45.8 s. Migrated with its K/V, e1
+    # feeds the 8 appended tokens (1 chunk) and samples 100: 5.4 + 10.1 = 15.5 s; migrated by
+    # re-prefill, e1 recomputes its 26-token context (18 cached + 8 appended: 4 chunks): 15.8 s.
     y = SimGroup(8, (SimTrajectory((10, 100), (1.0,), (8,)),), key="Y")
     groups = [_single(30, "X"), y]
     kw = dict(n_engines=2, engine=[_eng(0.4), _eng(0.1)], budget=128, history={"Y": [20], "X": [118]},
@@ -182,9 +183,12 @@ def test_sim_migration_moves_the_straggler_to_the_fast_engine():
     stay = simulate(groups, policy=SimPolicy(policy="dynamic"), **kw)
     assert stay.makespan_s == pytest.approx(45.8) and stay.migrations == 0
     moved = simulate(groups, policy=SimPolicy(policy="dynamic", migrate=True), **kw)
-    assert moved.migrations == 1 and moved.migrated_tokens == pytest.approx(18)
-    assert moved.makespan_s == pytest.approx(15.8)
+    assert moved.migrations == 1 and moved.kv_moved_tokens == pytest.approx(18) and moved.migrated_tokens == 0
+    assert moved.makespan_s == pytest.approx(15.5)
     assert moved.peak_pages[1] <= 100 and moved.preemptions == 0
+    refed = simulate(groups, policy=SimPolicy(policy="dynamic", migrate=True, move_kv=False), **kw)
+    assert refed.migrations == 1 and refed.migrated_tokens == pytest.approx(18) and refed.kv_moved_tokens == 0
+    assert refed.makespan_s == pytest.approx(15.8)
 
 
 # -- the real dispatcher over scripted engines ------------------------------------------------------
