@@ -19,13 +19,15 @@ Workloads:
     latencies as measured in (b).
 
 Migrations carry the trajectory's K/V (``Engine.export_seq``/``import_seq`` through the engines'
-processes): the tool response is all the new engine prefills. Policies run interleaved per seed
-(order rotated), on the same engines. Each batch is epoch 1 of the seed's problems; epoch 0's final
-lengths seed the length model and the per-problem history (what a long-lived ``Rollout`` has seen).
-Per workload: makespan, per-engine idle, p50/p90 trajectory latency (first submission to end),
-preemptions, recompute (prefill beyond prompts and tool responses: preemptions, unshared forks,
-re-prefilled migrations) and K/V moved as fractions of all tokens fed or sampled, the machine's
-cores busy, the critical path (the longest trajectory alone); a KV plot each.
+processes): the tool response is all the new engine prefills. A preempted sequence's K/V waits in
+host swap space (``EngineConfig.swap_tokens``, ``--swap``) instead of being recomputed. Policies run
+interleaved per seed (order rotated), on the same engines. Each batch is epoch 1 of the seed's
+problems; epoch 0's final lengths seed the length model and the per-problem history (what a
+long-lived ``Rollout`` has seen). Per workload: makespan, per-engine idle, p50/p90 trajectory
+latency (first submission to end), preemptions, recompute (prefill beyond prompts and tool
+responses: unswapped preemptions, unshared forks, re-prefilled migrations), K/V moved and K/V
+swapped back as fractions of all tokens fed or sampled, the machine's cores busy, the critical path
+(the longest trajectory alone); a KV plot each.
 Three seeds by default (about 12 min on the 2-core machine); ``--quick``: one seed of 6 problems x 4
 samples on engines of a third of the slots and pages, so that KV memory binds as in the default (at
 the default engine size 24 trajectories never fill the pool: no preemption, no imbalance from
@@ -53,7 +55,7 @@ from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig  # noqa: E40
 from rstar2_jax.rollout.engine_proc import ProcessEngine  # noqa: E402
 from rstar2_jax.rollout.simulate import SimEngine, SimPolicy, simulate  # noqa: E402
 from rstar2_jax.sampling import EngineConfig  # noqa: E402
-from rstar2_jax.sandbox import SandboxLimits, SandboxPool  # noqa: E402
+from rstar2_jax.sandbox import CodeRequest, SandboxLimits, SandboxPool  # noqa: E402
 
 ENGINE_ENV = {"JAX_PLATFORMS": "cpu",
               "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
@@ -106,10 +108,17 @@ def run_policy(name: str, problems, scripts, w: Workload, seed: int, engines, po
     m["critical_path_s"] = max(sum(t.loss_mask) * min(step_s) + sum(r.latency_s for r in t.tools)
                                for t in res.trajectories)
     st = [e.stats() for e in engines]
+    last = int(np.argmax([end for _, end in res.spans]))  # the trajectory that set the makespan
+    t, (t_in, t_out) = res.trajectories[last], res.spans[last]
+    tool_s = sum(r.latency_s for r in t.tools)
+    busy = [(1 - i) * m["makespan_s"] for i in m["idle_fraction"]]
+    m["tail"] = dict(start_s=t_in, tokens=sum(t.loss_mask), tool_s=tool_s, ms_per_token=1e3 * (t_out - t_in - tool_s)
+                     / max(sum(t.loss_mask), 1), step_ms=1e3 * sum(busy) / max(sum(s.steps for s in st), 1))
     fed = sum(s.prefill_tokens for s in st)
     m["recompute_tokens"] = fed - m["fresh_prefill_tokens"]
     m["recompute_frac"] = m["recompute_tokens"] / max(fed + sum(s.decode_tokens for s in st), 1)
     m["kv_moved_frac"] = m["kv_moved_tokens"] / max(fed + sum(s.decode_tokens for s in st), 1)
+    m["swapped_frac"] = sum(s.swapped_in_tokens for s in st) / max(fed + sum(s.decode_tokens for s in st), 1)
     m["rows_per_step"] = [s.decode_tokens / max(s.steps, 1) for s in st]
     m["program_s"] = [(r.code, r.latency_s) for t in res.trajectories for r in t.tools]
     for e in engines:  # every sequence released, table consistent (no page leak)
@@ -137,7 +146,8 @@ def table_row(name: str, ms: list[dict]) -> str:
     return (f"  {name:16s} makespan {f('makespan_s'):6.1f} s | idle % {[round(100 * x) for x in idle]} | latency "
             f"p50/p90 {f('traj_latency_p50_s'):5.1f}/{f('traj_latency_p90_s'):5.1f} s | preemptions "
             f"{f('preemptions'):5.1f} | recompute {f('recompute_frac'):.3f} | migrations {f('migrations'):4.1f} "
-            f"(K/V moved {f('kv_moved_frac'):.3f}) | rows {np.mean([m['rows_per_step'] for m in ms]):4.1f}"
+            f"(K/V moved {f('kv_moved_frac'):.3f}) | swapped back {f('swapped_frac'):.3f} | rows "
+            f"{np.mean([m['rows_per_step'] for m in ms]):4.1f}"
             + (f" | cores busy {f('cores_busy'):.1f}" if "cores_busy" in ms[0] else ""))
 
 
@@ -177,6 +187,8 @@ def main() -> None:
     ap.add_argument("--slots", type=int, default=64)
     ap.add_argument("--pages", type=int, default=640, help="KV pages per engine (null page included)")
     ap.add_argument("--page-size", type=int, default=16)
+    ap.add_argument("--swap", type=float, default=1.0, help="host memory for preempted sequences' K/V, as a "
+                    "fraction of the KV pool (EngineConfig.swap_tokens; 0: preemption recomputes)")
     ap.add_argument("--pool-workers", type=int, default=8)
     ap.add_argument("--sim-engines", type=int, default=16)
     ap.add_argument("--sim-problems", type=int, default=48)
@@ -196,11 +208,13 @@ def main() -> None:
                      for p in make_workload(c.w, s)[0])
     max_len = -(-(prompt_len + max(c.w.budget for c in todo)) // args.page_size) * args.page_size
     ecfg = EngineConfig(num_slots=args.slots, page_size=args.page_size, max_seq_len=max_len, num_pages=args.pages,
-                        prefill_chunk=64, decode_row_buckets=tuple(b for b in (16, 32) if b < args.slots))
+                        prefill_chunk=64, decode_row_buckets=tuple(b for b in (16, 32) if b < args.slots),
+                        swap_tokens=round(args.swap * (args.pages - 1) * args.page_size))
     n_cpu = os.cpu_count() or 1
     print(f"policy: random Qwen3-style, 2 layers, hidden 128 (fp32); 2 PagedEngines in their own processes pinned to "
           f"cores {[i % n_cpu for i in range(2)]} of {n_cpu}, {args.slots} slots, {args.pages - 1} usable pages of "
-          f"{args.page_size} tokens each; load average {os.getloadavg()[0]:.1f} (timings are contended: compare "
+          f"{args.page_size} tokens each, swap space for {ecfg.swap_tokens} preempted positions; load average "
+          f"{os.getloadavg()[0]:.1f} (timings are contended: compare "
           f"policies within a run)")
     t0 = time.perf_counter()
     engines = [ProcessEngine(EngineHost, model_kw, ecfg, cpus={i % n_cpu}, env=ENGINE_ENV) for i in range(2)]
@@ -233,6 +247,10 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
     limits = SandboxLimits(wall_s=10.0, cpu_s=10.0, memory_mb=2048, preload=("numpy", "sympy"))
     results: dict = {}
     with SandboxPool(workers=args.pool_workers, limits=limits) as pool:
+        alone = {code: float(np.median([pool.run(CodeRequest(code=code)).duration_s for _ in range(3)]))
+                 for code, _ in PROGRAMS.values()}  # each program's seconds in the sandbox, nothing else running
+        print("  sandbox programs alone (median of 3, s): "
+              + ", ".join(f"{n} {alone[c]:.2f}" for n, (c, _) in PROGRAMS.items()))
         for cs in todo:
             describe(cs, seeds)
             engines[1].call("set_slowdown", cs.slow)
@@ -247,6 +265,7 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
                 names = list(POLICIES)
                 for name in names[seed % len(names):] + names[:seed % len(names)]:  # rotate the order
                     res = run_policy(name, problems, scripts, cs.w, s, engines, pool, lengths, by_key, step_s)
+                    res.metrics["program_alone_s"] = sum(alone.get(code, 0.0) for code, _ in res.metrics["program_s"])
                     results[cs.name][name].append(res.metrics)
                     if seed == seeds[0]:
                         first[name] = res
@@ -254,9 +273,20 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
             for name in POLICIES:
                 print(table_row(name, results[cs.name][name]))
             cp = np.mean([m["critical_path_s"] for m in results[cs.name]["static"]])
+            st = results[cs.name]["static"]
+            cpu = np.mean([m["program_alone_s"] for m in st])
+            core_s = np.mean([m["makespan_s"] for m in st]) * (os.cpu_count() or 1)
+            print(f"  sandbox programs of a batch, timed alone: {cpu:.1f} s, {cpu / core_s:.0%} "
+                  f"of the machine's core-seconds over static's makespan (they share the cores with the engines)")
             print(f"  critical path (the longest trajectory alone: its sampled tokens at the faster probe step, plus "
                   f"its tool calls as measured under static): {cp:.1f} s; cores busy counts the whole machine "
                   f"(engines, sandbox programs, dispatcher) of {os.cpu_count()}")
+            for name in POLICIES:
+                ms = results[cs.name][name]
+                tl = {k: np.mean([m["tail"][k] for m in ms]) for k in ms[0]["tail"]}
+                print(f"  last to finish under {name:15s}: submitted at {tl['start_s']:4.1f} s, {tl['tokens']:5.0f} "
+                      f"sampled tokens at {tl['ms_per_token']:5.1f} ms each (the engines' mean step {tl['step_ms']:4.1f} ms), "
+                      f"tools {tl['tool_s']:4.1f} s")
             path = Path(args.plot_dir) / f"kv_{cs.name}.png"
             plot_kv([(f"{n}: makespan {r.metrics['makespan_s']:.1f} s, preemptions {r.metrics['preemptions']}",
                       r.timeline, r.metrics["kv_total_pages"][0]) for n, r in first.items()], path, cs.text[:110])
@@ -277,7 +307,7 @@ def simulated(args, w: Workload, seeds: list[int], steps: tuple, prompt_len: int
     scale = args.sim_samples / w.n_samples  # keep groups per engine's memory and slots per sample as measured
     eng = SimEngine(num_slots=round(args.slots * scale), usable_pages=round((args.pages - 1) * scale),
                     page_size=args.page_size, prefill_chunk=64, step_s_fixed=a, step_s_per_row=b, step_s_chunk=c,
-                    step_s_per_kctx=k)
+                    step_s_per_kctx=k, swap_tokens=args.swap * round((args.pages - 1) * scale) * args.page_size)
     wl = dataclasses.replace(w, n_problems=args.sim_problems, n_samples=args.sim_samples)
     print(f"workload (d) SIMULATED paper scale: {args.sim_engines} engines x {eng.num_slots} slots, "
           f"{eng.usable_pages} pages; {wl.n_problems} problems x {wl.n_samples} samples of (b)'s shape; step costs as "
@@ -295,7 +325,8 @@ def simulated(args, w: Workload, seeds: list[int], steps: tuple, prompt_len: int
                                   traj_latency_p90_s=float(np.percentile(r.latency_s, 90)), preemptions=r.preemptions,
                                   recompute_frac=(r.recomputed_tokens + r.migrated_tokens) / r.processed_tokens,
                                   migrations=r.migrations, rows_per_step=np.mean(r.mean_rows),
-                                  kv_moved_frac=r.kv_moved_tokens / r.processed_tokens))
+                                  kv_moved_frac=r.kv_moved_tokens / r.processed_tokens,
+                                  swapped_frac=r.swapped_tokens / r.processed_tokens))
             if seed == seeds[0]:
                 first[name] = r
     for name in POLICIES:

@@ -13,13 +13,13 @@ groups evenly up front (KV overflow: the engine preempts the sequence with the l
 which recomputes later), ``policy="dynamic"`` keeps the groups pending longest-predicted first and
 hands the head one to the engine that would end its predicted work with it first, among those with
 a free slot and room (pages held now plus the live members' expected growth and a share of the
-forecast growth, ``rollout.ledger``; overflow preempts),
-and with ``migrate`` a trajectory back from a tool may move to an engine where it is
-predicted to finish sooner (with ``move_kv`` its K/V goes along, ``Engine.export_seq`` /
-``import_seq``; else, or if the engine cannot export, its context is prefilled there again; the
-seconds per step of each engine are measured from its steps). The dispatcher's view of a live trajectory's progress is its
-tokens at its last turn boundary plus, while it generates, the engine's model steps since (one
-token per step at most; ``Stepped.steps``: a decode-loop call runs several). The ledger's length
+forecast growth, ``rollout.ledger``; overflow preempts), and with ``migrate`` a trajectory back
+from a tool may move to an engine where it is predicted to finish sooner (with ``move_kv`` its K/V
+goes along, ``Engine.export_seq`` / ``import_seq``; else, or if the engine cannot export, its
+context is prefilled there again; the seconds per step of each engine are measured from its
+steps). The dispatcher's view of a live trajectory's progress is its tokens at its last turn
+boundary plus, while it generates, the engine's model steps since (one token per step at most;
+``Stepped.steps``: a decode-loop call runs several). The ledger's length
 model and adaptive ratio persist across ``run`` calls: admission starts from what the policy does
 now, not from the pessimistic prior, and it remembers each problem's final lengths (the
 long-first order). Unless it migrates, a trajectory stays on its engine across turns; its forecast
@@ -74,6 +74,7 @@ class RolloutResult:
     trajectories: list[Trajectory]  # unscored: reward 0 until ``rollout.score``
     metrics: dict[str, Any]
     timeline: list[list[tuple[float, int]]]  # per engine: (seconds since start, KV pages in use)
+    spans: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # per trajectory: first submit, end (s)
 
 
 @dataclasses.dataclass(eq=False)
@@ -170,7 +171,8 @@ class Dispatcher:
         metrics = self._metrics(trajs, time.perf_counter() - t0, preempt0)
         metrics["unshared_children"] = sum(e.stats().unshared_children - s.unshared_children
                                            for e, s in zip(self.engines, start))  # forks that found no room
-        return RolloutResult(trajs, metrics, [w.timeline for w in self.workers])
+        spans = [(self._t_start.get(t.uid, t0) - t0, self._t_end.get(t.uid, t0) - t0) for t in trajs]
+        return RolloutResult(trajs, metrics, [w.timeline for w in self.workers], spans)
 
     def _build(self, problems: Sequence[Any], seed: int, budget: int, first_group: int = 0) -> list[Trajectory]:
         """The batch's trajectories; problems that cannot run finish as errors right away."""

@@ -32,11 +32,11 @@ more work. ``kappa = min(1, growth_reserve * ratio)`` (0: admit to the memory li
 safety valve (its recompute counted by the caller) and each one raises the adaptive ratio
 (``+ratio_up``), each admission decays it, so after overflows more of the growth is reserved.
 ``migration`` (``migrate=True``) proposes moving a member back from a tool to another engine
-(its K/V goes along with ``move_kv``, else its context is prefilled there again) when it is the straggler (its predicted finish where it is comes after
-every other engine's longest live member's) and its predicted remaining tokens
-(``LengthModel.residual`` at its problem's scale), plus any re-prefill steps, finish there at least
-``migrate_margin`` earlier (seconds per step as the caller measures them), and that engine has a
-free slot and the pages.
+(its K/V goes along with ``move_kv``, else its context is prefilled there again) when it is the
+straggler (its predicted finish where it is comes after every other engine's longest live
+member's) and its predicted remaining tokens (``LengthModel.residual`` at its problem's scale),
+plus any re-prefill steps, finish there at least ``migrate_margin`` earlier (seconds per step as
+the caller measures them), and that engine has a free slot and the pages.
 
 Events the caller reports, in its own order: ``on_submit`` (a group or part of one went to an
 engine), ``on_progress`` (a member reached a turn boundary, ``waiting`` for a tool, or resumed),

@@ -22,6 +22,7 @@ class SimEngine:
     step_s_chunk: float = 0.0  # seconds a fed chunk adds to its step beyond its row
     step_s_per_kctx: float = 0.0  # seconds per step per 1000 context tokens of its rows
     readmit_headroom: int = 4  # free pages per active sequence a preempted one must leave (EngineConfig's)
+    swap_tokens: float = 0.0  # host K/V for preempted sequences, token positions (EngineConfig's; 0: recompute)
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "usable_pages", "page_size", "prefill_chunk", "prefill_rows"):
@@ -86,5 +87,6 @@ class SimResult:
     migrations: int = 0
     migrated_tokens: float = 0.0  # contexts fed again on the engine a sequence moved to
     kv_moved_tokens: float = 0.0  # cached positions that moved with their K/V (``move_kv``)
+    swapped_tokens: float = 0.0  # preempted positions kept in host memory (``SimEngine.swap_tokens``), not recomputed
     processed_tokens: float = 0.0  # every token fed or sampled (prompts once per child, recompute included)
     timeline: list[list[tuple[float, float]]] = dataclasses.field(default_factory=list)  # per engine: (s, pages)

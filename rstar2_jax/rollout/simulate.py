@@ -28,7 +28,8 @@ rows (attention reads; the rows' total at the interval's start). A sequence wait
 leaves its slot but keeps its KV. Admission is strict FIFO by submission order and needs KV for the
 sequence's tokens (a preempted one: plus ``readmit_headroom`` pages per active sequence, at most a
 quarter of the pool); a full pool preempts the holder with the fewest cached tokens (ties: the
-newest), which later recomputes its K/V. A group's
+newest), which later recomputes its K/V (unless its engine's ``swap_tokens`` hold it: then it
+is written back on admission, at no modelled cost). A group's
 full prompt pages are shared until a child is preempted. Time jumps from event to event (turn end,
 prefill done, pool full, tool answer): O(events x slots), no per-token loop.
 
@@ -57,7 +58,7 @@ _EPS = 1e-9
 
 class _Seq:
     __slots__ = ("spec", "group", "order", "engine", "turn", "pre", "dec", "total", "mem", "uncached", "shares",
-                 "resp", "tool", "t0", "preempted")
+                 "resp", "tool", "t0", "preempted", "swapped")
 
     def __init__(self, spec: SimTrajectory, group: "_Group", order: tuple[int, int]):
         self.spec, self.group, self.order, self.engine, self.turn = spec, group, order, -1, 0
@@ -71,6 +72,7 @@ class _Seq:
         self.tool = False  # waiting for a tool
         self.t0 = -1.0  # first submission
         self.preempted = False  # its KV was freed once: it returns only with headroom
+        self.swapped = 0.0  # KV tokens waiting in host memory (swap) while preempted
 
     @property
     def progress(self) -> int:
@@ -105,7 +107,7 @@ class _Group:
 
 class _Eng:
     __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "finish", "kv_s",
-                 "spec", "cap", "last_step_s", "timeline")
+                 "spec", "cap", "last_step_s", "timeline", "swap_used")
 
     def __init__(self, spec: SimEngine):
         self.spec, self.cap = spec, spec.usable_pages * spec.page_size
@@ -115,6 +117,7 @@ class _Eng:
         self.queue: list[tuple] = []  # heap of (order, seq): strict FIFO by submission order
         self.holders: set[_Seq] = set()
         self.t_last = self.busy = self.row_s = self.used = self.peak = self.finish = self.kv_s = 0.0
+        self.swap_used = 0.0
         self.version = 0
 
 
@@ -149,7 +152,7 @@ class Simulator:
             else range(len(self.gs))
         self.pending = [self.gs[i] for i in reversed(list(order))]  # groups not yet admitted (pop from the end)
         self.preemptions, self.recomputed = 0, 0.0
-        self.migrations, self.migrated, self.kv_moved = 0, 0.0, 0.0
+        self.migrations, self.migrated, self.kv_moved, self.swapped = 0, 0.0, 0.0, 0.0
         self.latency: list[float] = []
         self.next_order = 0  # submissions so far: a sequence's order (a migrated one queues as the newest)
         self.now = 0.0  # the event being handled
@@ -183,6 +186,8 @@ class Simulator:
         its whole context recomputed there."""
         old = self.engs[s.engine]
         self.free(old, s)
+        old.swap_used -= s.swapped  # swapped KV leaves with it (or is dropped: recomputed)
+        s.swapped = 0.0
         self.ledger.on_move(s.engine, idx, s, int(s.total), s.resp)
         self.migrations += 1
         if self.policy.move_kv:
@@ -274,9 +279,14 @@ class Simulator:
             return False
         v = min(victims, key=lambda s: (s.total - s.uncached, [-o for o in s.order]))
         self.preemptions += 1
-        self.recomputed += v.total - v.uncached
+        cached = v.total - v.uncached
+        if cached and e.swap_used + cached <= e.spec.swap_tokens + _EPS:  # its KV waits on the host
+            v.swapped, e.swap_used = cached, e.swap_used + cached
+            self.swapped += cached
+        else:
+            self.recomputed += cached
+            v.uncached = v.total
         self.ledger.on_preemptions(1)  # the dispatcher sees it
-        v.uncached = v.total
         v.preempted = True
         self.free(e, v)
         if v in e.active:
@@ -294,6 +304,8 @@ class Simulator:
                     continue  # only paused sequences hold memory: make room
                 return  # strict FIFO: wait for memory
             heapq.heappop(e.queue)
+            e.swap_used -= s.swapped  # swapped KV goes back into the pages it gets now
+            s.swapped = 0.0
             self.hold(e, s)
             s.pre = float(math.ceil(s.uncached / e.spec.prefill_chunk - _EPS))
             s.uncached = 0.0
@@ -395,7 +407,7 @@ class Simulator:
                          mean_pages=[e.kv_s / now / z if now else 0.0 for e in engs], preemptions=self.preemptions,
                          recomputed_tokens=float(self.recomputed), latency_s=self.latency,
                          migrations=self.migrations, migrated_tokens=float(self.migrated),
-                         kv_moved_tokens=float(self.kv_moved),
+                         kv_moved_tokens=float(self.kv_moved), swapped_tokens=float(self.swapped),
                          processed_tokens=float(sum(len(g.seqs) * g.prompt_len + sum(t.spec.tokens for t in g.seqs)
                                                     for g in self.gs) + self.recomputed + self.migrated),
                          timeline=[e.timeline for e in engs])

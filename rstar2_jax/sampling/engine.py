@@ -45,8 +45,9 @@ request gives the same tokens whatever slot it lands in, whatever else runs, and
 
 Memory: pages are allocated when a sequence is admitted to a slot (for all its tokens) and one at a
 time as it decodes; when the pool runs out the page holder with the fewest cached tokens is
-preempted (``scheduler``). A sequence that can never fit (``max_seq_len`` or the whole pool) is
-rejected at submit/resume.
+preempted (``scheduler``; with ``swap_tokens`` its K/V waits on the host). A sequence that can
+never fit (``max_seq_len`` or the whole pool) is rejected at submit/resume. ``export_seq`` /
+``import_seq`` move a paused sequence with its K/V to another engine (``kv_transfer``).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ from flax import nnx
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import kv_cache, kv_transfer
-from rstar2_jax.sampling.engine_config import EngineConfig, child_key_data, key_data  # noqa: F401 (re-exported)
+from rstar2_jax.sampling.engine_config import (EngineConfig, check_fits, check_ids, check_request,  # noqa: F401
+                                              child_key_data, key_data)  # EngineConfig, keys: re-exported
 from rstar2_jax.sampling.interface import STOP_REASONS, EngineStats, Request, StopEvent  # noqa: F401
 from rstar2_jax.sampling.page_table import PageTable
 from rstar2_jax.sampling.placement import EngineLayout
@@ -101,7 +103,9 @@ class PagedEngine:
             self.cache = layout.put_cache(self.cache)
         elif device is not None:
             self.cache = jax.device_put(self.cache, device)
-        self.scheduler = Scheduler(self.page_table, cfg.num_slots, cfg.readmit_headroom)
+        self.swap = kv_transfer.SwapSpace(cfg.swap_tokens)
+        self.scheduler = Scheduler(self.page_table, cfg.num_slots, cfg.readmit_headroom,
+                                   evict=self._evict if cfg.swap_tokens else None, restore=self._restore)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
         self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
         self._loop_spec = loop_mod.LoopSpec(cfg.num_slots, cfg.decode_steps, cfg.page_size, cfg.attention_impl)
@@ -156,15 +160,17 @@ class PagedEngine:
         if total > self.cfg.max_seq_len:
             raise ValueError(f"resume: sequence {seq_id} would reach {total} tokens > max_seq_len "
                              f"({self.cfg.max_seq_len})")
-        self._check_fits(total, f"sequence {seq_id}")
-        self._check_ids(appended_tokens)
+        check_fits(total, f"sequence {seq_id}", self.cfg.page_size, self.num_pages - 1)
+        check_ids(appended_tokens, self.model_cfg.vocab_size)
         seq.tokens.extend(int(t) for t in appended_tokens)
         seq.seg_start, seq.seg_logprobs, seq.max_new = len(seq.tokens), [], max_new_tokens
         self.scheduler.requeue(seq)
 
     def release(self, seq_id: int) -> None:
         """Forget a sequence and free its pages (any state: paused, or abort while waiting/active)."""
-        self.scheduler.release(self._get(seq_id))
+        seq = self._get(seq_id)
+        self.swap.drop(seq)
+        self.scheduler.release(seq)
 
     def export_seq(self, seq_id: int) -> kv_transfer.SeqExport:
         """A paused sequence's tokens, cached K/V (host copies) and sampling state, for
@@ -172,8 +178,9 @@ class PagedEngine:
         seq = self._get(seq_id)
         if seq.state is not SeqState.PAUSED:
             raise ValueError(f"export_seq: sequence {seq_id} is {seq.state.value}, not paused")
-        n = seq.cached if self.scheduler.holds_pages(seq) else 0  # preempted while paused: nothing cached
-        kv = kv_transfer.read_tokens(self.cache, self.page_table.pages(seq.id), n) if n else ()
+        n = seq.cached if self.scheduler.holds_pages(seq) else 0  # preempted while paused: swapped or nothing
+        kv = kv_transfer.read_tokens(self.cache, self.page_table.pages(seq.id), n) if n else (seq.swapped or ())
+        n = n or (int(kv[0][0].shape[0]) if kv else 0)
         self._stats["kv_exported_tokens"] += n
         return kv_transfer.SeqExport(tuple(seq.tokens), kv, seq.key_data, seq.params, seq.stop_ids, seq.stop_strings)
 
@@ -182,8 +189,6 @@ class PagedEngine:
         """Continue an exported sequence here as ``resume(appended_tokens, max_new_tokens)`` would
         have where it was; returns its new ``seq_id``. Its K/V goes into fresh pages if they are
         free now (else it recomputes them, like a preempted sequence); it queues as the newest."""
-        if max_new_tokens <= 0:
-            raise ValueError(f"import_seq: max_new_tokens must be positive, got {max_new_tokens}")
         tokens = list(export.tokens) + [int(t) for t in appended_tokens]
         self._validate(Request(prompt=tokens, key=0, max_new_tokens=max_new_tokens,
                                stop_strings=export.stop_strings))
@@ -289,6 +294,7 @@ class PagedEngine:
         """Counters since construction plus the current KV usage."""
         sched = self.scheduler
         return EngineStats(**self._stats, preemptions=sched.preemptions, unshared_children=sched.unshared_children,
+                           swapped_out_tokens=self.swap.out_tokens, swapped_in_tokens=self.swap.in_tokens,
                            kv_pages_in_use=self.page_table.used_pages(), kv_pages_total=self.usable_pages,
                            seqs_holding_pages=sum(map(sched.holds_pages, sched.seqs.values())),
                            active=sched.num_active(), waiting=len(sched.waiting))
@@ -342,6 +348,14 @@ class PagedEngine:
                 events += ev
             self.scheduler.trim(s)
         return events
+
+    def _evict(self, seq: Seq) -> None:
+        """The scheduler preempts ``seq``: keep its K/V on the host if the swap space has room."""
+        self.swap.evict(self.cache, self.page_table.pages(seq.id), seq)
+
+    def _restore(self, seq: Seq) -> None:
+        """``seq`` (swapped) got pages again: its K/V goes back in before the next step."""
+        self.cache = self.swap.restore(self.cache, self.page_table.pages(seq.id), seq)
 
     def _copy_pages(self, copies: list[tuple[int, int]]) -> None:
         """Apply a fork's copy-on-write ``(src, dst)`` page copies on the device."""
@@ -403,26 +417,4 @@ class PagedEngine:
                    max_new=request.max_new_tokens, state=state)
 
     def _validate(self, request: Request) -> None:
-        n = len(request.prompt)
-        if n == 0:
-            raise ValueError("Request.prompt must hold at least one token")
-        if request.max_new_tokens <= 0:
-            raise ValueError(f"Request.max_new_tokens must be positive, got {request.max_new_tokens}")
-        if request.stop_strings and self.decode_fn is None:
-            raise ValueError("Request.stop_strings needs the engine's decode_fn")
-        total = n + request.max_new_tokens
-        if total > self.cfg.max_seq_len:
-            raise ValueError(f"Request needs {total} tokens (prompt {n} + max_new_tokens "
-                             f"{request.max_new_tokens}) > max_seq_len ({self.cfg.max_seq_len})")
-        self._check_fits(total, "Request")
-        self._check_ids(request.prompt)
-
-    def _check_fits(self, n_tokens: int, what: str) -> None:
-        need = self.page_table.pages_needed(n_tokens)
-        if need > self.num_pages - 1:
-            raise ValueError(f"{what} needs {need} KV pages ({n_tokens} tokens) but the pool has only "
-                             f"{self.num_pages - 1}: it can never fit; raise num_pages/kv_memory_bytes")
-
-    def _check_ids(self, ids: Sequence[int]) -> None:
-        if len(ids) and not all(0 <= int(t) < self.model_cfg.vocab_size for t in ids):
-            raise ValueError(f"token ids must be in [0, {self.model_cfg.vocab_size})")
+        check_request(request, self.cfg, self.num_pages - 1, self.model_cfg.vocab_size, self.decode_fn is not None)

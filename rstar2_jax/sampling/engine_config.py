@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,10 @@ class EngineConfig:
     # A preempted sequence returns to a slot only with this many free pages per sequence in a slot
     # left over (at most a quarter of the pool): into an exact fit it would be preempted again (thrash).
     readmit_headroom: int = 4
+    # Host memory for preempted sequences' K/V, in token positions (``kv_transfer.SwapSpace``): a
+    # preempted sequence's cached K/V is copied out and written back when it returns to a slot,
+    # instead of recomputed. 0 = off (a preempted sequence recomputes everything).
+    swap_tokens: int = 0
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
@@ -45,6 +49,8 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must be a positive int, got {v!r}")
         if not isinstance(self.readmit_headroom, int) or self.readmit_headroom < 0:
             raise ValueError(f"EngineConfig.readmit_headroom must be an int >= 0, got {self.readmit_headroom!r}")
+        if not isinstance(self.swap_tokens, int) or self.swap_tokens < 0:
+            raise ValueError(f"EngineConfig.swap_tokens must be an int >= 0, got {self.swap_tokens!r}")
         if (self.num_pages is None) == (self.kv_memory_bytes is None):
             raise ValueError("EngineConfig: give exactly one of num_pages or kv_memory_bytes")
         if self.num_pages is not None and self.num_pages < 2:
@@ -88,3 +94,33 @@ def child_key_data(key: Any, child_index: int) -> np.ndarray:
     """Key data of group child ``i``: ``fold_in(key, i)``."""
     return np.asarray(jax.random.key_data(jax.random.fold_in(jax.random.wrap_key_data(key_data(key)),
                                                              child_index)), np.uint32)
+
+
+def check_fits(n_tokens: int, what: str, page_size: int, usable_pages: int) -> None:
+    """``ValueError`` if ``n_tokens`` positions need more pages than the whole pool."""
+    need = -(-n_tokens // page_size)
+    if need > usable_pages:
+        raise ValueError(f"{what} needs {need} KV pages ({n_tokens} tokens) but the pool has only "
+                         f"{usable_pages}: it can never fit; raise num_pages/kv_memory_bytes")
+
+
+def check_ids(ids: Sequence[int], vocab_size: int) -> None:
+    if len(ids) and not all(0 <= int(t) < vocab_size for t in ids):
+        raise ValueError(f"token ids must be in [0, {vocab_size})")
+
+
+def check_request(request: Any, cfg: EngineConfig, usable_pages: int, vocab_size: int, has_decode_fn: bool) -> None:
+    """``ValueError`` naming what is wrong with a ``Request`` for an engine of ``cfg``."""
+    n = len(request.prompt)
+    if n == 0:
+        raise ValueError("Request.prompt must hold at least one token")
+    if request.max_new_tokens <= 0:
+        raise ValueError(f"Request.max_new_tokens must be positive, got {request.max_new_tokens}")
+    if request.stop_strings and not has_decode_fn:
+        raise ValueError("Request.stop_strings needs the engine's decode_fn")
+    total = n + request.max_new_tokens
+    if total > cfg.max_seq_len:
+        raise ValueError(f"Request needs {total} tokens (prompt {n} + max_new_tokens "
+                         f"{request.max_new_tokens}) > max_seq_len ({cfg.max_seq_len})")
+    check_fits(total, "Request", cfg.page_size, usable_pages)
+    check_ids(request.prompt, vocab_size)

@@ -54,12 +54,14 @@ class EngineStats:
     tokens_generated: int = 0  # sampled tokens
     prefill_tokens: int = 0  # tokens fed by prefill/extend chunks
     decode_tokens: int = 0  # tokens fed by decode rows
-    preemptions: int = 0  # sequences whose KV was freed to make room (they recompute)
+    preemptions: int = 0  # sequences whose KV was freed to make room (they recompute, unless swapped)
     page_copies: int = 0  # copy-on-write page copies (group forks)
     unshared_children: int = 0  # group children left no room to share the prompt's K/V at fork: they recompute it
     submitted: int = 0  # sequences submitted (group children count one each)
     kv_exported_tokens: int = 0  # cached positions whose K/V left by ``export_seq`` (a migration)
     kv_imported_tokens: int = 0  # positions whose K/V arrived by ``import_seq`` (not recomputed)
+    swapped_out_tokens: int = 0  # preempted positions whose K/V went to host memory (``EngineConfig.swap_tokens``)
+    swapped_in_tokens: int = 0  # ... and came back on readmission (not recomputed)
     kv_pages_in_use: int = 0  # now
     kv_pages_total: int = 0  # usable pages (null page excluded)
     seqs_holding_pages: int = 0  # now: sequences with KV pages (active or paused)

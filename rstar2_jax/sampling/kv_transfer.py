@@ -9,6 +9,9 @@ queues the sequence as ``resume`` would have where it was; the key travels with 
 it samples next are the ones it would have sampled without the move (the token at index ``i`` is
 drawn with ``fold_in(key, i)``).
 
+The same reads and writes swap a preempted sequence's K/V to the host and back (``SwapSpace``)
+instead of recomputing it, when the engine has ``EngineConfig.swap_tokens``.
+
 Reads gather whole pages and writes scatter whole pages, padded to a power-of-two page count
 (null page 0 as padding: it only ever takes writes nobody reads), so each size compiles once.
 """
@@ -99,6 +102,39 @@ def write_tokens(cache: list, pages: Sequence[int], kv: HostKV) -> list:
     return _scatter(cache, idx, paged)
 
 
+class SwapSpace:
+    """Host memory for preempted sequences' K/V, up to ``capacity`` token positions
+    (``EngineConfig.swap_tokens``): the scheduler's ``evict`` copies a victim's cached K/V out
+    (when it fits; else the victim recomputes, as without swap) and ``restore`` writes it back into
+    the pages it gets on admission. Counters: ``out_tokens`` / ``in_tokens`` since construction."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.used = capacity, 0
+        self.out_tokens, self.in_tokens = 0, 0
+
+    def evict(self, cache: list, pages: Sequence[int], seq: Any) -> None:
+        n = seq.cached
+        if n and self.used + n <= self.capacity:
+            seq.swapped = read_tokens(cache, pages, n)
+            self.used += n
+            self.out_tokens += n
+
+    def restore(self, cache: list, pages: Sequence[int], seq: Any) -> list:
+        """``cache`` with ``seq.swapped`` written into its first pages; ``seq.cached`` set. DONATES ``cache``."""
+        kv, seq.swapped = seq.swapped, None
+        n = int(kv[0][0].shape[0])
+        self.used -= n
+        self.in_tokens += n
+        seq.cached = n
+        return write_tokens(cache, list(pages)[:-(-n // cache[0][0].shape[1])], kv)
+
+    def drop(self, seq: Any) -> None:
+        """Forget a released sequence's swapped K/V."""
+        if seq.swapped is not None:
+            self.used -= int(seq.swapped[0][0].shape[0])
+            seq.swapped = None
+
+
 def check_compatible(kv: HostKV, cache: list) -> None:
     """``ValueError`` unless ``kv`` has the cache's layers, kv heads and head size."""
     want = [(tuple(k.shape[2:]), tuple(v.shape[2:])) for k, v in cache]
@@ -108,4 +144,4 @@ def check_compatible(kv: HostKV, cache: list) -> None:
                          f"{want}: not the same model")
 
 
-__all__ = ["HostKV", "SeqExport", "check_compatible", "read_tokens", "write_tokens"]
+__all__ = ["HostKV", "SeqExport", "SwapSpace", "check_compatible", "read_tokens", "write_tokens"]

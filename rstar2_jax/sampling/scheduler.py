@@ -18,7 +18,8 @@ Rules (every page count is in pages of ``page_size`` token positions):
 * **Preemption** takes the page holder with the fewest cached tokens (the least to recompute;
   ties: the newest), frees all its pages and keeps its tokens (and log-probs); in a slot it goes
   back to the queue and recomputes its K/V in private pages (a group child does not share its
-  prompt pages again); paused, it recomputes when resumed.
+  prompt pages again); paused, it recomputes when resumed. With the engine's swap hooks
+  (``evict``/``restore``) its K/V may wait on the host instead and be written back on admission.
 * **Fork** (``fork``): a prefilled template shares its pages with its children, copy-on-write for
   a partial last page; if the copies do not fit even after preemption, some children recompute.
 """
@@ -26,6 +27,7 @@ Rules (every page count is in pages of ``page_size`` token positions):
 from __future__ import annotations
 
 import bisect
+from typing import Callable
 
 import numpy as np
 
@@ -46,10 +48,12 @@ class Scheduler:
       preemptions, unshared_children: counters since construction (see ``EngineStats``).
     """
 
-    def __init__(self, page_table: PageTable, num_slots: int, readmit_headroom: int = 4):
+    def __init__(self, page_table: PageTable, num_slots: int, readmit_headroom: int = 4, *,
+                 evict: Callable[[Seq], None] | None = None, restore: Callable[[Seq], None] | None = None):
         if readmit_headroom < 0:
             raise ValueError(f"Scheduler: readmit_headroom must be >= 0, got {readmit_headroom}")
         self.pt = page_table
+        self.evict, self.restore = evict, restore  # swap hooks: before a victim's pages go, after a return's come
         self.readmit_headroom = readmit_headroom
         self.seqs: dict[int, Seq] = {}
         self.slots: list[Seq | None] = [None] * num_slots
@@ -126,6 +130,8 @@ class Scheduler:
                 pt.append(seq.id, len(seq.tokens) - pt.length(seq.id))
             else:
                 pt.allocate(seq.id, len(seq.tokens))
+                if seq.swapped is not None and self.restore is not None:
+                    self.restore(seq)  # its K/V back into the new pages: only the rest is fed
             slot = self.slots.index(None)
             self.slots[slot], seq.slot = seq, slot
             seq.to(ACTIVE)
@@ -174,6 +180,8 @@ class Scheduler:
             return False
         victim = min(holders, key=lambda s: (s.cached, [-o for o in s.order]))
         self.preemptions += 1
+        if self.evict is not None:
+            self.evict(victim)  # may keep its K/V on the host (``Seq.swapped``)
         self.pt.free(victim.id)
         victim.cached = 0
         victim.preempted += 1

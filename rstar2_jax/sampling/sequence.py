@@ -57,12 +57,13 @@ class Seq:
 
     ``order`` is ``(submission counter, child index)``: larger is newer (FIFO admission, and
     preemption's tie-break). ``preempted``: how often its K/V was freed (a preempted sequence
-    returns to a slot only with headroom, ``Scheduler.admit``). ``key_data`` is the raw PRNG key (u32[2] for
+    returns to a slot only with headroom, ``Scheduler.admit``; ``swapped``: its K/V kept on the host
+meanwhile, if the engine swaps). ``key_data`` is the raw PRNG key (u32[2] for
     threefry); the token at index ``i`` is sampled with ``fold_in(key, i)``.
     """
 
     __slots__ = ("id", "order", "tokens", "cached", "key_data", "params", "stop_ids", "stop_strings",
-                 "max_new", "seg_start", "seg_logprobs", "state", "slot", "template", "preempted")
+                 "max_new", "seg_start", "seg_logprobs", "state", "slot", "template", "preempted", "swapped")
 
     def __init__(self, seq_id: int, order: tuple[int, int], tokens: Sequence[int], key_data: np.ndarray,
                  params: RowParams, *, stop_ids: Sequence[int] = (), stop_strings: Sequence[str] = (),
@@ -82,6 +83,7 @@ class Seq:
         self.slot: int | None = None  # while ACTIVE
         self.template: GroupTemplate | None = None  # while FORKING
         self.preempted = 0  # times its K/V was freed to make room
+        self.swapped = None  # host K/V of tokens[:n] while preempted with swap (``kv_transfer.SwapSpace``)
 
     @property
     def uncached(self) -> int:

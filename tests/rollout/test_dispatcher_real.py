@@ -65,6 +65,8 @@ def _assert_clean(res, engines):
     assert all(t.done_reason in ("answer", "eos", "budget", "max_turns") for t in res.trajectories), \
         res.metrics["done_reasons"]
     assert all(len(t.response_tokens) <= BUDGET for t in res.trajectories)
+    assert len(res.spans) == len(res.trajectories)  # first submission and end of each, in the batch's time
+    assert all(0 <= a <= b <= res.metrics["makespan_s"] + 1e-6 for a, b in res.spans)
     for eng in engines:  # every sequence released: no page leaked, table consistent
         assert eng.page_table.used_pages() == 0
         eng.page_table.check_invariants()

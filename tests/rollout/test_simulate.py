@@ -92,6 +92,13 @@ def test_static_overflow_preempts_the_newest_and_recomputes_it():
     assert res.preemptions == 1 and res.recomputed_tokens == pytest.approx(24.5)
     assert res.makespan_s == pytest.approx(6.85)
     assert res.peak_pages[0] == pytest.approx(4.0)
+    # with swap space for it, B's 24.5 cached tokens wait on the host: back at 4.1 s it only samples
+    # its 23.5 tokens (no recompute steps): 4.1 + 2.35 = 6.45 s
+    res = _run(_two_singles(), budget=48, usable_pages=4, num_slots=2, policy=STATIC, swap_tokens=24.5)
+    assert res.preemptions == 1 and res.recomputed_tokens == 0 and res.swapped_tokens == pytest.approx(24.5)
+    assert res.makespan_s == pytest.approx(6.45)
+    res = _run(_two_singles(), budget=48, usable_pages=4, num_slots=2, policy=STATIC, swap_tokens=24.0)
+    assert res.swapped_tokens == 0 and res.recomputed_tokens == pytest.approx(24.5)  # too little: recompute
 
 
 def test_capacity_waits_instead_of_overflowing():

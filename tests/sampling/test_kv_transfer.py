@@ -102,3 +102,50 @@ def test_bad_exports_and_states_are_refused(policy):
                       exp.stop_strings)
     with pytest.raises(ValueError, match="not the same model"):
         eng.import_seq(wrong, max_new_tokens=2)
+
+
+def _pressure(engine):
+    """6 requests and a group of 3 (one resumed after its stop) on a pool that holds ~2 of them:
+    preemptions of sequences in slots and of a paused one. Returns ({seq_id: [(tokens, logprobs)]}, stats)."""
+    mcfg_vocab = 128
+    ids = [engine.submit(Request(prompt=_prompt(6 + i, 50 + i), key=i, max_new_tokens=28,
+                                 sampler=Greedy() if i % 2 else Temperature())) for i in range(6)]
+    group = engine.submit_group(Request(prompt=_prompt(10, 3), key=5, max_new_tokens=13, sampler=Temperature()), 3)
+    out, resumed = {}, False
+    while engine.has_work():
+        for ev in engine.step():
+            out.setdefault(ev.seq_id, []).append((ev.tokens, ev.logprobs))
+            if ev.seq_id == group[0] and not resumed:  # paused while others grow: a victim candidate
+                engine.resume(ev.seq_id, [t % mcfg_vocab for t in TOOL], max_new_tokens=10)
+                resumed = True
+            else:
+                engine.release(ev.seq_id)
+        engine.page_table.check_invariants()
+    return [out[i] for i in ids + group], engine.stats()
+
+
+@pytest.mark.parametrize("swap_tokens", [4096, 24], ids=["roomy", "tight"])
+def test_swapped_preemption_gives_the_same_tokens_without_recompute(policy, swap_tokens):
+    mcfg, graphdef, params = policy
+    small = dataclasses.replace(CFG, num_pages=14, max_seq_len=64)
+    want, s0 = _pressure(PagedEngine(graphdef, params, mcfg, small))
+    eng = PagedEngine(graphdef, params, mcfg, dataclasses.replace(small, swap_tokens=swap_tokens))
+    got, s1 = _pressure(eng)
+    assert s0.preemptions > 0 and s1.preemptions > 0 and s0.swapped_out_tokens == 0
+    for g, w in zip(got, want):
+        assert [t for t, _ in g] == [t for t, _ in w]
+        np.testing.assert_allclose(np.concatenate([lp for _, lp in g]), np.concatenate([lp for _, lp in w]),
+                                   atol=1e-5)
+    assert s1.swapped_out_tokens > 0 and s1.swapped_in_tokens == s1.swapped_out_tokens - _held(eng)
+    assert s1.prefill_tokens < s0.prefill_tokens  # what came back from the host was not fed again
+    assert eng.swap.used <= swap_tokens and eng.swap.used == _held(eng)
+
+
+def _held(eng):
+    """Token positions still swapped (sequences released while swapped hold none)."""
+    return sum(int(s.swapped[0][0].shape[0]) for s in eng.scheduler.seqs.values() if s.swapped is not None)
+
+
+def test_swap_tokens_is_validated():
+    with pytest.raises(ValueError, match="swap_tokens"):
+        EngineConfig(num_pages=8, swap_tokens=-1)
