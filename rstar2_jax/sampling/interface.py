@@ -7,7 +7,10 @@ order for one sequence::
     submit / submit_group -> step()* -> StopEvent -> resume(appended, max_new_tokens) -> step()* ...
                                                    -> release(seq_id)   (frees its KV pages)
 
-``set_params`` is legal only when no sequence is live (every one released).
+``set_params`` is legal only when no sequence is live (every one released). Optional, not in the
+protocol: ``export_seq(seq_id)`` / ``import_seq(export, appended, max_new_tokens=...)`` move a paused
+sequence with its K/V to another engine (``PagedEngine``, ``ProcessEngine``, ``ScriptedPolicy``);
+the dispatcher migrates an engine without them by a re-prefill of the context.
 """
 
 from __future__ import annotations

@@ -6,6 +6,8 @@ tokens, greedy and sampled rows together. tp=2 splits the KV heads; tp=4 replica
 over 2 devices (``kv=2, rep=2``).
 """
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -45,15 +47,17 @@ def reference(policy):
     return _workload(PagedEngine(graphdef, params, mcfg, CFG, device=jax.devices()[0]))
 
 
-@pytest.mark.parametrize("tp", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_tp_engine_equals_single_device(policy, reference, tp):
+@pytest.mark.parametrize("tp,swap", [(2, 0), (2, 4096), pytest.param(4, 0, marks=pytest.mark.slow)],
+                         ids=["tp2", "tp2-swap", "tp4"])
+def test_tp_engine_equals_single_device(policy, reference, tp, swap):
     mcfg, graphdef, params = policy
     layout = EngineLayout(jax.devices()[8 - tp:], mcfg)
     assert (layout.kv, layout.rep) == {2: (2, 1), 4: (2, 2)}[tp]
-    engine = PagedEngine(graphdef, params, mcfg, CFG, layout=layout)
+    engine = PagedEngine(graphdef, params, mcfg, dataclasses.replace(CFG, swap_tokens=swap), layout=layout)
     got, stats = _workload(engine)
     want, want_stats = reference
     assert want_stats.preemptions > 0 and stats.preemptions == want_stats.preemptions  # the pool did run out
+    assert (stats.swapped_in_tokens > 0) == bool(swap)  # swapped K/V written back into the split pages
     assert stats.page_copies > 0  # the group forked (partial last page copied)
     assert len(got) == len(want) == 5 + 3 + 1
     for (sid, toks, lps, why), (sid2, toks2, lps2, why2) in zip(got, want):
