@@ -99,6 +99,16 @@ class DataParallelEngine:
         self.engines[i].release(sid)
         del self._where[seq_id], self._ours[i][sid]
 
+    def export_seq(self, seq_id: int) -> Any:
+        """The paused sequence's ``SeqExport`` from the engine that holds it (``PagedEngine.export_seq``)."""
+        i, sid = self._locate(seq_id)
+        return self.engines[i].export_seq(sid)
+
+    def import_seq(self, export: Any, appended_tokens: Sequence[int] = (), *, max_new_tokens: int) -> int:
+        """Continue an exported sequence on the least-loaded engine (``PagedEngine.import_seq``)."""
+        i = self._least_loaded()
+        return self._adopt(i, self.engines[i].import_seq(export, appended_tokens, max_new_tokens=max_new_tokens))
+
     def has_work(self) -> bool:
         return any(e.has_work() for e in self.engines)
 

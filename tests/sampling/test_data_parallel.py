@@ -62,3 +62,35 @@ def test_engines_of_different_shapes_are_refused(policy):
     other = EngineConfig(num_slots=4, page_size=8, max_seq_len=64, num_pages=14, prefill_chunk=8)
     with pytest.raises(ValueError, match="page_size, max_seq_len"):
         DataParallelEngine([PagedEngine(graphdef, params, mcfg, c) for c in (CFG, other)])
+
+
+def test_a_paused_sequence_moves_between_its_engines_with_its_kv(policy):
+    mcfg, graphdef, params = policy
+    req = Request(prompt=_prompt(9, 3), key=2, max_new_tokens=6, sampler=Temperature(temperature=1.0))
+    ref = PagedEngine(graphdef, params, mcfg, CFG, device=jax.devices()[0])
+    sid = ref.submit(req)
+    first = ref.run_until_idle()[0]
+    ref.resume(sid, _prompt(4, 8), max_new_tokens=5)
+    want = ref.run_until_idle()[0]
+    dp = DataParallelEngine.over_devices(graphdef, params, mcfg, CFG, devices=jax.devices()[:2])
+    try:
+        a = dp.submit(req)  # engine 0
+        for k in (1, 2):  # engine 1, then engine 0 again: engine 1 is the least loaded
+            dp.submit(Request(prompt=_prompt(5, k), key=k, max_new_tokens=2))
+        evs = {ev.seq_id: ev for ev in _drain(dp)}
+        assert evs[a].tokens == first.tokens and dp._where[a][0] == 0
+        exp = dp.export_seq(a)
+        b = dp.import_seq(exp, _prompt(4, 8), max_new_tokens=5)
+        dp.release(a)
+        assert dp._where[b][0] == 1 and dp.engines[1].stats().kv_imported_tokens == exp.cached > 0
+        got = {ev.seq_id: ev for ev in _drain(dp)}[b]
+        assert got.tokens == want.tokens
+    finally:
+        dp.close()
+
+
+def _drain(engine):
+    events = []
+    while engine.has_work():
+        events += engine.step()
+    return events
