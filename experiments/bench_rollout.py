@@ -110,15 +110,16 @@ def run_policy(name: str, problems, scripts, w: Workload, seed: int, engines, po
     st = [e.stats() for e in engines]
     last = int(np.argmax([end for _, end in res.spans]))  # the trajectory that set the makespan
     t, (t_in, t_out) = res.trajectories[last], res.spans[last]
-    tool_s = sum(r.latency_s for r in t.tools)
+    tool_s, sampled = sum(r.latency_s for r in t.tools), sum(t.loss_mask)
     busy = [(1 - i) * m["makespan_s"] for i in m["idle_fraction"]]
-    m["tail"] = dict(start_s=t_in, tokens=sum(t.loss_mask), tool_s=tool_s, ms_per_token=1e3 * (t_out - t_in - tool_s)
-                     / max(sum(t.loss_mask), 1), step_ms=1e3 * sum(busy) / max(sum(s.steps for s in st), 1))
+    m["tail"] = dict(start_s=t_in, tokens=sampled, tool_s=tool_s, ms_per_token=1e3 * (t_out - t_in - tool_s)
+                     / max(sampled, 1), step_ms=1e3 * sum(busy) / max(sum(s.steps for s in st), 1))
     fed = sum(s.prefill_tokens for s in st)
+    all_tokens = max(fed + sum(s.decode_tokens for s in st), 1)  # fed or sampled
     m["recompute_tokens"] = fed - m["fresh_prefill_tokens"]
-    m["recompute_frac"] = m["recompute_tokens"] / max(fed + sum(s.decode_tokens for s in st), 1)
-    m["kv_moved_frac"] = m["kv_moved_tokens"] / max(fed + sum(s.decode_tokens for s in st), 1)
-    m["swapped_frac"] = sum(s.swapped_in_tokens for s in st) / max(fed + sum(s.decode_tokens for s in st), 1)
+    m["recompute_frac"] = m["recompute_tokens"] / all_tokens
+    m["kv_moved_frac"] = m["kv_moved_tokens"] / all_tokens
+    m["swapped_frac"] = sum(s.swapped_in_tokens for s in st) / all_tokens
     m["rows_per_step"] = [s.decode_tokens / max(s.steps, 1) for s in st]
     m["program_s"] = [(r.code, r.latency_s) for t in res.trajectories for r in t.tools]
     for e in engines:  # every sequence released, table consistent (no page leak)

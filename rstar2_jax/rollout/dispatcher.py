@@ -191,6 +191,7 @@ class Dispatcher:
         self._t_end: dict[int, float] = {}
         self._fresh_prefill = 0  # prompt tokens per submitted group + tool tokens appended
         self._migrations, self._migrated_tokens, self._kv_moved = 0, 0, 0
+        self._export_errors: Counter[str] = Counter()  # MoveOut exports that failed (moved by re-prefill)
         max_len = min(e.max_seq_len for e in self.engines)
         for gi, p in enumerate(problems, start=first_group):
             text = str(getattr(p, "problem", "") or "")
@@ -368,6 +369,8 @@ class Dispatcher:
         if t.status is Status.DONE:
             return
         if msg.export is None:
+            if msg.error:
+                self._export_errors[msg.error] += 1
             self._resubmit(cmd.group, t)
             return
         self._kv_moved += msg.export.cached
@@ -400,6 +403,7 @@ class Dispatcher:
             "fresh_prefill_tokens": self._fresh_prefill,  # prompts (once per group) + tool responses
             "migrations": self._migrations, "migrated_tokens": self._migrated_tokens,  # contexts prefilled again
             "kv_moved_tokens": self._kv_moved,  # cached positions that moved with their K/V (not recomputed)
+            "kv_export_errors": dict(self._export_errors),  # why an export failed -> count (normally empty)
             "policy": self.cfg.policy.value, "step_s": list(self._step_s),
             "makespan_s": makespan, "output_tokens": sampled, "tokens_per_s": sampled / max(makespan, 1e-9),
             "preemptions": int(sum(self._preempt) - sum(preempt0)),

@@ -178,11 +178,14 @@ class PagedEngine:
         seq = self._get(seq_id)
         if seq.state is not SeqState.PAUSED:
             raise ValueError(f"export_seq: sequence {seq_id} is {seq.state.value}, not paused")
-        n = seq.cached if self.scheduler.holds_pages(seq) else 0  # preempted while paused: swapped or nothing
-        kv = kv_transfer.read_tokens(self.cache, self.page_table.pages(seq.id), n) if n else (seq.swapped or ())
-        n = n or (int(kv[0][0].shape[0]) if kv else 0)
-        self._stats["kv_exported_tokens"] += n
-        return kv_transfer.SeqExport(tuple(seq.tokens), kv, seq.key_data, seq.params, seq.stop_ids, seq.stop_strings)
+        if self.scheduler.holds_pages(seq) and seq.cached:
+            kv = kv_transfer.read_tokens(self.cache, self.page_table.pages(seq.id), seq.cached)
+        else:  # preempted while paused: its swapped K/V, or nothing (recomputed where it goes)
+            kv = seq.swapped or ()
+        export = kv_transfer.SeqExport(tuple(seq.tokens), kv, seq.key_data, seq.params, seq.stop_ids,
+                                       seq.stop_strings)
+        self._stats["kv_exported_tokens"] += export.cached
+        return export
 
     def import_seq(self, export: kv_transfer.SeqExport, appended_tokens: Sequence[int] = (), *,
                    max_new_tokens: int) -> int:

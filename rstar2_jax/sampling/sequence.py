@@ -58,7 +58,7 @@ class Seq:
     ``order`` is ``(submission counter, child index)``: larger is newer (FIFO admission, and
     preemption's tie-break). ``preempted``: how often its K/V was freed (a preempted sequence
     returns to a slot only with headroom, ``Scheduler.admit``; ``swapped``: its K/V kept on the host
-meanwhile, if the engine swaps). ``key_data`` is the raw PRNG key (u32[2] for
+    meanwhile, if the engine swaps). ``key_data`` is the raw PRNG key (u32[2] for
     threefry); the token at index ``i`` is sampled with ``fold_in(key, i)``.
     """
 

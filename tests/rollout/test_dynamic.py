@@ -205,11 +205,21 @@ class _Pool:
         return f
 
 
-def test_dispatcher_migrates_a_trajectory_off_the_slow_engine():
+class _NoExport:
+    """Mixed into the fake engine: an ``export_seq`` that fails (the migration falls back to re-prefill)."""
+
+    def export_seq(self, seq_id):
+        raise RuntimeError("no K/V here")
+
+
+@pytest.mark.parametrize("failing_export", [False, True], ids=["cannot-export", "export-fails"])
+def test_dispatcher_migrates_a_trajectory_off_the_slow_engine(failing_export):
     from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
     from rstar2_jax.rollout.template import TemplateConfig
     from rstar2_jax.tokenizer import ByteTokenizer
     from tests.rollout.fakes import ScriptedEngine
+
+    Engine = type("FailingExport", (_NoExport, ScriptedEngine), {}) if failing_export else ScriptedEngine
 
     tok, tpl = ByteTokenizer(), TemplateConfig.toy()
     call = '<tool_call>{"name": "python", "arguments": {"code": "print(1)", "input": ""}}</tool_call>'
@@ -223,14 +233,16 @@ def test_dispatcher_migrates_a_trajectory_off_the_slow_engine():
             self.id, self.problem, self.answer = f"p{i}", f"What is {i}?", "1"
 
     def run(migrate):
-        engines = [ScriptedEngine(tok, script, num_slots=4, step_s=0.05),  # slow
-                   ScriptedEngine(tok, script, num_slots=4)]
+        engines = [Engine(tok, script, num_slots=4, step_s=0.05),  # slow
+                   Engine(tok, script, num_slots=4)]
         cfg = RolloutConfig(n_samples=2, budget=256, template=tpl, policy="dynamic", migrate=migrate)
         return Dispatcher(engines, _Pool(), tok, cfg).run([P(0), P(1)]), engines
 
     res, engines = run(migrate=True)
     m = res.metrics
-    assert m["migrations"] >= 1 and m["migrated_tokens"] > 0
+    assert m["migrations"] >= 1 and m["migrated_tokens"] > 0 and m["kv_moved_tokens"] == 0
+    # an engine without export_seq is no error; one whose export raises is counted, by reason
+    assert m["kv_export_errors"] == ({"RuntimeError: no K/V here": m["migrations"]} if failing_export else {})
     assert all(t.done_reason == "answer" and len(t.tools) == 1 for t in res.trajectories)
     stay, _ = run(migrate=False)
     assert stay.metrics["migrations"] == 0
