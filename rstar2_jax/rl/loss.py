@@ -12,6 +12,12 @@ D does not depend on θ, so for micro-batches k of one batch the exact full-batc
 gradient are Σ_k S_k / Σ_k D_k and Σ_k ∇S_k / Σ_k D_k: sum S and ∇S over micro-batches and divide
 once by the global D (``rl.train_step`` does this). Dividing each micro-batch by its own D_k and
 averaging would weight tokens (or sequences) unequally.
+
+Packed rows: with ``segment_ids_bt`` (int [B,T], 0 = padding, the k-th sequence of a row has id k,
+1 <= k <= T, as ``data.chat`` packs), a sequence i is a (row b, segment k) pair instead of a row, and
+the sums over t above run over that segment's tokens; padding (id 0) is never trained. Per-sequence
+sums are one ``jax.ops.segment_sum`` over B·T slots (sequence (b, k) in slot b·T + k - 1), O(B·T),
+never a [T,T] mask. A packed batch gives the same (S, D) and gradient as its sequences one per row.
 """
 
 from __future__ import annotations
@@ -44,18 +50,50 @@ def ppo_token_losses(logp_bt: jax.Array, old_logp_bt: jax.Array, adv_bt: jax.Arr
     return loss, info
 
 
-def aggregate_loss(loss_bt: jax.Array, mask_bt: jax.Array, agg_mode: str) -> tuple[jax.Array, jax.Array]:
-    """(S, D) for ``agg_mode`` (module doc); L = S / D. Both fp32 scalars; D is gradient-free."""
+def _seq_slots(segment_ids_bt: jax.Array) -> jax.Array:
+    """Slot b·T + k - 1 of sequence (row b, segment k) for each token [B,T] (padding goes to slot b·T, masked)."""
+    b, t = segment_ids_bt.shape
+    k = jnp.clip(segment_ids_bt.astype(jnp.int32) - 1, 0, t - 1)
+    return jnp.arange(b, dtype=jnp.int32)[:, None] * t + k
+
+
+def seq_sum(x_bt: jax.Array, segment_ids_bt: jax.Array | None = None) -> jax.Array:
+    """Σ_t x over each sequence: [B] (a row is a sequence) or [B·T] (packed: slot b·T + k - 1)."""
+    if segment_ids_bt is None:
+        return jnp.sum(x_bt, axis=-1)
+    b, t = x_bt.shape
+    return jax.ops.segment_sum(x_bt.reshape(-1), _seq_slots(segment_ids_bt).reshape(-1), num_segments=b * t)
+
+
+def seq_to_tokens(v_n: jax.Array, segment_ids_bt: jax.Array | None, shape: tuple[int, int]) -> jax.Array:
+    """Inverse layout of :func:`seq_sum`: each token [B,T] gets its sequence's value from ``v_n``."""
+    if segment_ids_bt is None:
+        return jnp.broadcast_to(v_n[:, None], shape)
+    return v_n[_seq_slots(segment_ids_bt)]
+
+
+def effective_mask(mask_bt: jax.Array, segment_ids_bt: jax.Array | None = None) -> jax.Array:
+    """m as fp32 [B,T]; with ``segment_ids_bt``, padding tokens (id 0) are masked out too."""
     m = mask_bt.astype(jnp.float32)
-    tok_sum_b = jnp.sum(loss_bt.astype(jnp.float32) * m, axis=-1)  # [B]
-    n_tok_b = jnp.sum(m, axis=-1)  # [B]
+    return m if segment_ids_bt is None else m * (segment_ids_bt != 0)
+
+
+def aggregate_loss(loss_bt: jax.Array, mask_bt: jax.Array, agg_mode: str,
+                   segment_ids_bt: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+    """(S, D) for ``agg_mode`` (module doc); L = S / D. Both fp32 scalars; D is gradient-free.
+
+    With ``segment_ids_bt`` a sequence is a (row, segment id) pair (module doc, packed rows).
+    """
+    m = effective_mask(mask_bt, segment_ids_bt)
+    tok_sum_n = seq_sum(loss_bt.astype(jnp.float32) * m, segment_ids_bt)  # [B] or [B·T]
+    n_tok_n = seq_sum(m, segment_ids_bt)
     if agg_mode == "token-mean":
-        return jnp.sum(tok_sum_b), jnp.sum(n_tok_b)
-    n_seq = jnp.sum((n_tok_b > 0).astype(jnp.float32))
+        return jnp.sum(tok_sum_n), jnp.sum(n_tok_n)
+    n_seq = jnp.sum((n_tok_n > 0).astype(jnp.float32))
     if agg_mode == "seq-mean-token-mean":
-        return jnp.sum(tok_sum_b / jnp.maximum(n_tok_b, 1.0)), n_seq
+        return jnp.sum(tok_sum_n / jnp.maximum(n_tok_n, 1.0)), n_seq
     if agg_mode == "seq-mean-token-sum":
-        return jnp.sum(tok_sum_b), n_seq
+        return jnp.sum(tok_sum_n), n_seq
     raise ValueError(f"unknown agg_mode {agg_mode!r}")
 
 
@@ -64,12 +102,12 @@ def _masked_mean(x_bt: jax.Array, m_bt: jax.Array, n: jax.Array) -> jax.Array:
 
 
 def policy_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, advantages: jax.Array, loss_mask_bt: jax.Array,
-                cfg: LossConfig = LossConfig(), entropy_bt: jax.Array | None = None
-                ) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+                cfg: LossConfig = LossConfig(), entropy_bt: jax.Array | None = None,
+                segment_ids_bt: jax.Array | None = None) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
     """GRPO-RoC surrogate as ((S, D), metrics); loss L = S / D (module doc for S, D).
 
     ``advantages`` is Â_i [B] (broadcast to tokens) or Â_{i,t} [B,T]. ``old_logp_bt`` is treated
-    as a constant. Metrics are token means over m (so a batch's metrics are the n_tokens-weighted
+    as a constant. ``segment_ids_bt`` [B,T] marks packed rows (module doc). Metrics are token means over m (so a batch's metrics are the n_tokens-weighted
     mean of its micro-batches'): clip_frac_high / clip_frac_low (clip active at 1+ε_high for Â>0 /
     1-ε_low for Â<0), clip_frac (their sum), dual_clip_frac, approx_kl = E[ρ - 1 - log ρ] (k3),
     ppo_kl = E[-log ρ] (k1), ratio_mean, ratio_max, adv_mean, entropy (if given), n_tokens.
@@ -78,8 +116,8 @@ def policy_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, advantages: jax.Arra
     adv_bt = jnp.broadcast_to(adv_bt.astype(jnp.float32), logp_bt.shape)
     old_logp_bt = jax.lax.stop_gradient(old_logp_bt.astype(jnp.float32))
     loss_bt, info = ppo_token_losses(logp_bt.astype(jnp.float32), old_logp_bt, adv_bt, cfg)
-    loss_sum, denom = aggregate_loss(loss_bt, loss_mask_bt, cfg.agg_mode)
-    m = jax.lax.stop_gradient(loss_mask_bt.astype(jnp.float32))
+    loss_sum, denom = aggregate_loss(loss_bt, loss_mask_bt, cfg.agg_mode, segment_ids_bt)
+    m = jax.lax.stop_gradient(effective_mask(loss_mask_bt, segment_ids_bt))
     n = jnp.sum(m)
     info = jax.lax.stop_gradient(info)
     lr, ratio = info["log_ratio"], info["ratio"]

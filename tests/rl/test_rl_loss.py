@@ -162,3 +162,77 @@ def test_config_validation():
         LossConfig(agg_mode="sum")
     with pytest.raises(ValueError):
         LossConfig(dual_clip_c=0.5)
+
+
+def _packed_and_unpacked(seed=7):
+    """Five ragged trajectories (lengths 3, 1, 4, 2, 3; the fourth has no trained token) laid out one
+    per row ([5, 4]) and packed into two rows of T = 8 (segments 1,2,3 | 1,2 then padding). Returns
+    the per-token inputs as functions of a flat vector v of the 13 tokens' log-probs, so the gradient
+    with respect to v is comparable between the layouts."""
+    rng = np.random.default_rng(seed)
+    lens = [3, 1, 4, 2, 3]
+    n = sum(lens)
+    old = -rng.random(n) * 2
+    v = old + rng.normal(0, 0.3, n)
+    v[0] = old[0] + 2.0  # a dual-clip candidate
+    mask = (rng.random(n) < 0.8).astype(np.float64)
+    mask[sum(lens[:3]):sum(lens[:4])] = 0  # trajectory 3: no trained token (e.g. all tool output)
+    mask[0] = 1.0
+    adv_seq = np.array([-1.0, 0.7, 1.3, -0.4, 0.2])
+    # one per row: trajectory i in row i, tokens 0..len-1
+    un = [(i, j) for i, l in enumerate(lens) for j in range(l)]
+    # packed: row 0 holds trajectories 0,1,2 (3+1+4 = 8 tokens), row 1 holds 3,4 (2+3 = 5, 3 padding)
+    pk, seg = [], np.zeros((2, 8), np.int32)
+    for row, trajs in ((0, (0, 1, 2)), (1, (3, 4))):
+        col = 0
+        for k, i in enumerate(trajs, start=1):
+            for j in range(lens[i]):
+                pk.append((row, col))
+                seg[row, col] = k
+                col += 1
+
+    def layout(flat, places, shape, fill=0.0):
+        idx = tuple(np.array(places).T)
+        return jnp.full(shape, fill, jnp.float32).at[idx].set(flat)
+
+    adv_tok = np.concatenate([np.full(l, a) for l, a in zip(lens, adv_seq)])
+    out = {}
+    for name, places, shape in (("unpacked", un, (5, 4)), ("packed", pk, (2, 8))):
+        out[name] = dict(
+            logp=lambda w, places=places, shape=shape: layout(w, places, shape),
+            old=layout(jnp.asarray(old, jnp.float32), places, shape),
+            adv=layout(jnp.asarray(adv_tok, jnp.float32), places, shape),
+            mask=layout(jnp.asarray(mask, jnp.float32), places, shape),
+            seg=None if name == "unpacked" else jnp.asarray(seg))
+    return jnp.asarray(v, jnp.float32), out
+
+
+@pytest.mark.parametrize("mode", AGG_MODES)
+def test_packed_rows_equal_one_sequence_per_row(mode):
+    cfg = LossConfig(agg_mode=mode)
+    v, lay = _packed_and_unpacked()
+    res = {}
+    for name, x in lay.items():
+        def s_fn(w, x=x):
+            (s, d), _ = policy_loss(x["logp"](w), x["old"], x["adv"], x["mask"], cfg, segment_ids_bt=x["seg"])
+            return s, d
+        (s, d), g = jax.value_and_grad(s_fn, has_aux=True)(v)
+        res[name] = (float(s), float(d), np.asarray(g))
+    (s_u, d_u, g_u), (s_p, d_p, g_p) = res["unpacked"], res["packed"]
+    assert d_p == d_u  # the trained-token count, or the 4 sequences with a trained token
+    if mode != "token-mean":
+        assert d_u == 4.0  # trajectory 3 has no trained token
+    np.testing.assert_allclose(s_p, s_u, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(g_p, g_u, rtol=1e-6, atol=1e-7)
+
+
+def test_packed_padding_is_never_trained():
+    # Row [seg 1, seg 1, pad, pad] with mask 1 everywhere (a careless mask): padding (id 0) is dropped.
+    # A=1, ρ=1 -> ℓ = -1 on the two real tokens: token-mean S = -2, D = 2; seq-mean: one sequence.
+    z = jnp.zeros((1, 4))
+    seg = jnp.array([[1, 1, 0, 0]])
+    for mode, want in {"token-mean": (-2, 2), "seq-mean-token-mean": (-1, 1), "seq-mean-token-sum": (-2, 1)}.items():
+        (s, d), m = policy_loss(z, z, jnp.array([1.0]), jnp.ones((1, 4)), LossConfig(agg_mode=mode),
+                                segment_ids_bt=seg)
+        assert (float(s), float(d)) == want, mode
+        assert float(m["n_tokens"]) == 2.0
