@@ -170,7 +170,8 @@ def micro_loss_and_grad(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, cf
         out = batch_logprobs(graphdef, p, mb, chunk_size=cfg.logprob_chunk_size, with_entropy=cfg.compute_entropy,
                              temperature=cfg.temperature)
         logp, ent = out if cfg.compute_entropy else (out, None)
-        (s, d), metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"], cfg.loss, ent)
+        (s, d), metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"], cfg.loss, ent,
+                                      segment_ids_bt=mb.get("segment_ids"))
         return s, (d, metrics)
     (s, (d, metrics)), grads = jax.value_and_grad(s_fn, has_aux=True)(params)
     return (s, d), metrics, grads
