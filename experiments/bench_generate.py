@@ -7,7 +7,7 @@ fp32. Our weights are written with ``rstar2_jax.model.hf_io.export_hf`` and load
 ``transformers.AutoModelForCausalLM.from_pretrained`` (and back by ``load_hf``), so both run the
 same tensors; a greedy check confirms the two produce the same tokens.
 
-CPU: torch uses 2 threads (the machine's cores); runs alternate ours/HF, medians of ``--reps``.
+CPU: torch uses ``os.cpu_count()`` threads (the machine's cores); runs alternate ours/HF, medians of ``--reps``.
 Throughput = B x 128 / wall seconds of one whole generation (compilation excluded: warmed up first).
 Ours runs two ways on the same cores: one ``PagedEngine`` with B slots, and a ``DataParallelEngine``
 of one engine per CPU device with B / n slots each (this script asks for ``os.cpu_count()`` CPU
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
@@ -44,6 +45,7 @@ from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.model.hf_io import export_hf, load_hf  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature  # noqa: E402
 from rstar2_jax.sampling.data_parallel import DataParallelEngine  # noqa: E402
+from rstar2_jax.utils.bench import Metric, report  # noqa: E402
 
 PROMPT, NEW = 32, 128
 LAST_CPU = [0.0]  # process CPU seconds of the last run_ours / run_hf call
@@ -217,7 +219,7 @@ def gpu_roofline(args, tmp: Path) -> None:
         print("GPU HF generate: torch has no CUDA here; not measured")
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2 reps instead of 5")
     ap.add_argument("--reps", type=int, default=5)
@@ -229,7 +231,7 @@ def main() -> None:
     reps = 2 if args.quick else args.reps
 
     import torch
-    torch.set_num_threads(2)
+    torch.set_num_threads(os.cpu_count() or 1)  # the machine's cores, as many as our CPU devices by default
     print(f"load average at start: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores (timings are wall clock)")
     cfg = cpu_policy_cfg()
     with tempfile.TemporaryDirectory() as tmp:
@@ -244,9 +246,10 @@ def main() -> None:
             gpu_roofline(args, tmp)
         else:
             print("GPU roofline: no GPU visible to jax here; not measured")
-    print(f"bench_generate: ratio_b16 = {ratios[16][0]:.2f} (target >= 1.2), ratio_b64 = {ratios[64][0]:.2f} "
-          f"(target >= 1.5), one_engine_b16 = {ratios[16][1]:.2f}, one_engine_b64 = {ratios[64][1]:.2f}")
+    return report("generate", [Metric("ratio_b16", ratios[16][0], ">= 1.2"),
+                               Metric("ratio_b64", ratios[64][0], ">= 1.5"),
+                               Metric("one_engine_b16", ratios[16][1]), Metric("one_engine_b64", ratios[64][1])])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

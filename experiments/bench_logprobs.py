@@ -8,11 +8,13 @@ allocated: both functions are lowered on abstract shapes and compiled, then
 from __future__ import annotations
 
 import argparse
+import sys
 
 import jax
 import jax.numpy as jnp
 
 from rstar2_jax.model.logprobs import hidden_logprobs
+from rstar2_jax.utils.bench import Metric, report
 
 
 def naive(hidden, w, targets):
@@ -27,7 +29,7 @@ def temp_bytes(fn, hidden, w, targets) -> int:
     return int(compiled.memory_analysis().temp_size_in_bytes)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--vocab", type=int, default=151936)
     ap.add_argument("--hidden", type=int, default=1024)
@@ -46,8 +48,8 @@ def main() -> None:
     print(f"[B,T,V] logits alone: {logits_bytes / 2**20:.0f} MiB")
     print(f"naive   temp: {t_naive / 2**20:.0f} MiB")
     print(f"chunked temp: {t_chunk / 2**20:.0f} MiB")
-    print(f"bench_logprobs: memory_ratio = {t_chunk / t_naive:.3f} (target <= 0.25)")
+    return report("logprobs", [Metric("memory_ratio", t_chunk / t_naive, "<= 0.25", fmt=".3f")])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

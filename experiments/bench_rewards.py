@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from rstar2_jax.utils.bench import Metric, report
+
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests" / "rewards"
 
@@ -85,7 +87,7 @@ def _disagreements(table: str, cases, ours, theirs) -> list[dict]:
             for c, r, m in zip(cases, ours, theirs) if r.correct != m]
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--timeout", type=float, default=5.0, help="our per-check hard timeout, s")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1)
@@ -130,9 +132,10 @@ def main() -> None:
               f"ours={row['ours']} math-verify={row['math_verify']} -> {winner} matches the table")
     print(f"disagreements written to {args.out}")
     ofp, ofn, mfp, mfn = counts["mv_style"]
-    print(f"bench_rewards: speed_ratio = {ours_rate / mv_rate:.2f} (target >= 1.0), disagreements = {len(rows)}, "
-          f"mv_style FP/FN ours = {ofp}/{ofn}, math-verify = {mfp}/{mfn}")
+    return report("rewards", [Metric("speed_ratio", ours_rate / mv_rate, ">= 1.0"),
+                              Metric("disagreements", len(rows), fmt="d"),
+                              Metric("mv_style FP/FN ours", f"{ofp}/{ofn}"), Metric("math-verify", f"{mfp}/{mfn}")])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -42,6 +42,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -56,6 +57,7 @@ from rstar2_jax.rollout.engine_proc import ProcessEngine  # noqa: E402
 from rstar2_jax.rollout.simulate import SimEngine, SimPolicy, simulate  # noqa: E402
 from rstar2_jax.sampling import EngineConfig  # noqa: E402
 from rstar2_jax.sandbox import CodeRequest, SandboxLimits, SandboxPool  # noqa: E402
+from rstar2_jax.utils.bench import Metric, report  # noqa: E402
 
 ENGINE_ENV = {"JAX_PLATFORMS": "cpu",
               "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
@@ -176,7 +178,7 @@ def plot_kv(panels: list[tuple[str, list, int]], path: Path, title: str) -> None
     plt.close(fig)
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="one seed, 6 x 4 trajectories on engines of a third of the "
                     "slots and pages (memory binds as in the default), small simulation (~3-4 min)")
@@ -233,7 +235,7 @@ def main() -> None:
         for e in engines:
             e.close()
     if set(results) != {c.name for c in todo}:
-        return  # a partial run: the tables above are its result
+        return 0  # a partial run: the tables above are its result (no verdict)
     sim_best, sim_rec = simulated(args, todo[1].w, seeds, (a, b, c, k), prompt_len, results["b"])
     ratios, recs = {}, []
     for cs in todo:
@@ -245,8 +247,9 @@ def main() -> None:
         print(f"({cs.name}) best non-static: {best}, makespan ratio to static {ratios[cs.name]:.2f}, recompute "
               f"{recs[-1]:.3f}")
     print(f"(d) SIMULATED best non-static: {sim_best}; recompute {sim_rec:.3f}")
-    print(f"bench_rollout: ratio_a = {ratios['a']:.2f} (target <= 1.00), ratio_b = {ratios['b']:.2f} (target <= 0.75), "
-          f"ratio_c = {ratios['c']:.2f} (target <= 0.75), recompute_frac = {max(recs):.3f} (target <= 0.05)")
+    return report("rollout", [Metric("ratio_a", ratios["a"], "<= 1.00"), Metric("ratio_b", ratios["b"], "<= 0.75"),
+                              Metric("ratio_c", ratios["c"], "<= 0.75"),
+                              Metric("recompute_frac", max(recs), "<= 0.05", fmt=".3f")])
 
 
 def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int) -> dict:
@@ -349,4 +352,4 @@ def simulated(args, w: Workload, seeds: list[int], steps: tuple, prompt_len: int
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -32,6 +33,7 @@ from rstar2_jax.config import ModelConfig  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.sampling import (DenseSampler, EngineConfig, PagedEngine, Request, Temperature,  # noqa: E402
                                  child_key_data, naive_generate)
+from rstar2_jax.utils.bench import Metric, report  # noqa: E402
 
 MAX_NEW, MAX_PROMPT, G = 512, 64, 8
 
@@ -79,7 +81,7 @@ def run_dense(ds: DenseSampler, prompts, lengths, desc: str):
     return [res[g * G:(g + 1) * G] for g in range(len(prompts))], secs, cpu
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--groups", type=int, default=32)
     ap.add_argument("--slots", type=int, default=128)
@@ -141,9 +143,9 @@ def main() -> None:
     print(f"CPU-time speedup (robust to other load on the machine): {dense_cpu / paged_cpu:.2f}x")
     print(f"KV held per active sequence: {held:.1f} positions vs dense {max_len}")
     print(f"paged and dense outputs identical for {same}/{args.groups * G} requests (same per-token keys)")
-    print(f"bench_sampler: speedup_vs_dense = {paged_tps / dense_tps:.2f} (target >= 1.5), "
-          f"kv_fraction = {kv_fraction:.3f} (target <= 0.35)")
+    return report("sampler", [Metric("speedup_vs_dense", paged_tps / dense_tps, ">= 1.5"),
+                              Metric("kv_fraction", kv_fraction, "<= 0.35", fmt=".3f")])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -34,6 +34,8 @@ import time
 
 from tqdm import tqdm
 
+from rstar2_jax.utils.bench import Metric, report
+
 TRIVIAL = "print(1 + 1)"
 SYMPY = "import sympy\nprint(sympy.factorint(360), sympy.isprime(2**61 - 1))"
 EXPECTED = {TRIVIAL: "2\n", SYMPY: "{2: 3, 3: 2, 5: 1} True\n"}
@@ -174,7 +176,7 @@ def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rounds", type=int, default=3, help="interleaved pool/floor rounds")
     ap.add_argument("--calls", type=int, default=600, help="trivial calls per client per round (pool, floor)")
@@ -222,9 +224,10 @@ def main() -> None:
               f"p99 {floor_t[2]:.2f} ms; CPU per call pool/floor {pool_t[3] / floor_t[3]:.2f}")
     print(f"load average (1, 5, 15 min) at start {load0}, at end {_load()} on {os.cpu_count()} cores (CPU per call "
           f"is the least load-dependent figure; calls/s and latency on a busy machine also depend on the scheduler)")
-    print(f"bench_sandbox: speedup_trivial = {speedup_trivial:.1f} (target >= 3), floor_ratio = {floor_ratio:.2f} "
-          f"(target <= 1.5), speedup_sympy = {speedup_sympy:.1f} (target >= 50)")
+    return report("sandbox", [Metric("speedup_trivial", speedup_trivial, ">= 3", fmt=".1f"),
+                              Metric("floor_ratio", floor_ratio, "<= 1.5"),
+                              Metric("speedup_sympy", speedup_sympy, ">= 50", fmt=".1f")])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import threading
 import time
 
 from tqdm import tqdm
+
+from rstar2_jax.utils.bench import Metric, report
 
 HOSTILE = [  # (code, expected status, time-out kind): "short" = --hostile-timeout, None = the default wall limit
     ("while True: pass", "timeout", "short"),
@@ -98,7 +101,7 @@ def summarize(calls, elapsed: float, lat: list[float], results: list) -> dict:
             "benign_p50": pct(benign, 0.5), "benign_p99": pct(benign, 0.99), "lost": lost, "wrong": wrong}
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--calls", type=int, default=20_000)
     ap.add_argument("--hostile-every", type=int, default=10, help="every n-th call is hostile (10: 10%%)")
@@ -155,9 +158,10 @@ def main() -> None:
             print(f"  {name} call {i}: expected {exp}, got {res.status} {res.stdout[:60]!r} {res.stderr[-80:]!r}")
     ratio = rows["ray"]["cps"] / rows["local"]["cps"]
     print(f"load average at end {os.getloadavg()[0]:.2f} (shared machine: compare the ratio, measured in one run)")
-    print(f"bench_sandbox_cluster: throughput_ratio = {ratio:.2f} (target >= 0.8), lost = {rows['ray']['lost']} "
-          f"(target == 0), p99_ms = {rows['ray']['p99']:.1f}")
+    return report("sandbox_cluster", [Metric("throughput_ratio", ratio, ">= 0.8"),
+                                      Metric("lost", rows["ray"]["lost"], "== 0", fmt="d"),
+                                      Metric("p99_ms", rows["ray"]["p99"], fmt=".1f")])
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
