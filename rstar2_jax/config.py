@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 _DTYPES = ("float32", "bfloat16", "float16")
+ATTENTION_IMPLS = ("blockwise", "dense", "pallas_gpu")  # training attention (model/attention.py)
+REMAT_POLICIES = ("none", "full", "dots")  # per-layer rematerialisation of the training forward
 
 
 def _positive(obj: Any, *names: str) -> None:
@@ -44,10 +46,27 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype
     param_dtype: str = "float32"  # storage dtype
     model_type: str = "qwen3"
+    # Random init: every weight ~ N(0, initializer_range^2) as HF Qwen (norms 1, biases 0); None = the
+    # fan-in scaling the tiny test/demo configs were recorded with (std D^-1/2 per matmul, embedding 1).
+    initializer_range: float | None = 0.02
+    # Training forward (no KV cache): attention kernel, its block length, remat policy, layer scan.
+    attention_impl: str = "blockwise"  # "blockwise" (O(T x block) memory, any backend) | "dense" (T^2
+    #   fp32 scores: the reference) | "pallas_gpu" (the Pallas/Triton flash kernel, GPU; interpreted on CPU)
+    attention_block: int = 512  # b: query/key block of "blockwise"
+    remat: str = "full"  # "full": keep each layer's input only | "dots": also its matmul outputs | "none"
+    scan_layers: bool = True  # lax.scan over the stacked layers (compiles one layer); False = unrolled
 
     def __post_init__(self) -> None:
         _positive(self, "vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads",
-                  "head_dim", "intermediate_size", "max_position_embeddings")
+                  "head_dim", "intermediate_size", "max_position_embeddings", "attention_block")
+        if self.attention_impl not in ATTENTION_IMPLS:
+            raise ValueError(f"ModelConfig.attention_impl must be one of {ATTENTION_IMPLS}, got {self.attention_impl!r}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"ModelConfig.remat must be one of {REMAT_POLICIES}, got {self.remat!r}")
+        if self.initializer_range is not None and not self.initializer_range > 0:
+            raise ValueError(f"ModelConfig.initializer_range must be > 0 or None, got {self.initializer_range!r}")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig.scan_layers must be a bool, got {self.scan_layers!r}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(f"ModelConfig.num_heads ({self.num_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
@@ -61,9 +80,10 @@ class ModelConfig:
 
     @classmethod
     def tiny(cls, **overrides: Any) -> "ModelConfig":
-        """A tiny random Qwen3-style config for tests (fp32)."""
+        """A tiny random Qwen3-style config for tests (fp32; the fan-in init its goldens were recorded with)."""
         base = dict(vocab_size=128, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-                    head_dim=16, intermediate_size=128, rope_theta=10_000.0, max_position_embeddings=2048)
+                    head_dim=16, intermediate_size=128, rope_theta=10_000.0, max_position_embeddings=2048,
+                    initializer_range=None)
         base.update(overrides)
         return cls(**base)
 
@@ -113,6 +133,7 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
             qkv_bias=model_type == "qwen2" or bool(hf.get("attention_bias", False)),
             model_type=model_type,
+            initializer_range=float(hf.get("initializer_range", 0.02)),
         )
         kwargs.update(overrides)
         return cls(**kwargs)
@@ -129,6 +150,7 @@ class ModelConfig:
             "tie_word_embeddings": self.tie_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "attention_bias": self.qkv_bias, "hidden_act": "silu", "torch_dtype": self.param_dtype,
+            "initializer_range": 0.02 if self.initializer_range is None else self.initializer_range,
         }
 
 

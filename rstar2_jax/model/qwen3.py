@@ -5,9 +5,13 @@ Letter key for shapes and einsums (used across ``model/`` and ``sampling/``):
   G = N // K query heads per kv head, H head_dim, F MLP width, V vocab.
 
 Functional face: ``graphdef, params = split_policy(model)``; then ``apply(graphdef, params, ...)``
-is a pure function of ``params``. Attention is pluggable: by default it is dense causal attention
-with a segment mask (training); a sampler passes ``attend`` and its own per-layer ``kv`` state
-(e.g. a paged cache), so the model never changes when the cache does.
+is a pure function of ``params``. Attention is pluggable: by default it is the training attention
+(causal, packed segments; ``ModelConfig.attention_impl``, ``model/attention.py``) over a layer stack
+that is scanned (``scan_layers``: one layer compiled, params stacked on the fly) and rematerialised per
+layer (``remat``), so activation memory is linear in T; a sampler passes ``attend`` and its own
+per-layer ``kv`` state (e.g. a paged cache) and the layers run unrolled, so the model never changes
+when the cache does. Parameters are stored per layer (``layers[i]``) either way: HF load/export,
+checkpoints and the engines' tensor-parallel layouts see one layout.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from flax import nnx
 from jaxtyping import Array, Float, Int
 
 from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.attention import blockwise_attention, causal_segment_mask, dense_attention
 from rstar2_jax.model.sharding import constrain
 
 # attend(layer_idx, q_btnh, k_btkh, v_btkh, kv_layer) -> (out_btnh, new_kv_layer).
@@ -27,8 +32,25 @@ from rstar2_jax.model.sharding import constrain
 AttendFn = Callable[[int, jax.Array, jax.Array, jax.Array, Any], tuple[jax.Array, Any]]
 
 
-def _init(std: float) -> Callable:
+def _init(cfg: ModelConfig, fan_in_std: float) -> Callable:
+    """N(0, initializer_range^2) (HF), or N(0, fan_in_std^2) when ``initializer_range`` is None."""
+    std = fan_in_std if cfg.initializer_range is None else cfg.initializer_range
     return jax.nn.initializers.normal(stddev=std)
+
+
+def training_attention(cfg: ModelConfig, q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array,
+                       segment_ids_bt: jax.Array) -> jax.Array:
+    """Causal GQA over packed segments with ``cfg.attention_impl`` (``model/attention.py``)."""
+    if cfg.attention_impl == "blockwise":
+        return blockwise_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, block=cfg.attention_block)
+    if cfg.attention_impl == "dense":
+        return dense_attention(q_btnh, k_btkh, v_btkh, causal_segment_mask(segment_ids_bt))
+    from rstar2_jax.model.attention_gpu import pallas_gpu_attention  # "pallas_gpu"
+    return pallas_gpu_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, block=min(cfg.attention_block, 128))
+
+
+_REMAT_POLICY = {"full": jax.checkpoint_policies.nothing_saveable,
+                 "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 
 class RMSNorm(nnx.Module):
@@ -56,39 +78,16 @@ def rope(x_btnh: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
     return (x * cos + rot * sin).astype(x_btnh.dtype)
 
 
-def dense_attention(q_btnh: jax.Array, k_bskh: jax.Array, v_bskh: jax.Array,
-                    mask_bts: jax.Array) -> jax.Array:
-    """Grouped-query softmax attention; ``mask_bts`` True where a query may see a key."""
-    b, t, n, h = q_btnh.shape
-    k = k_bskh.shape[2]
-    q = q_btnh.reshape(b, t, k, n // k, h)
-    scores = jnp.einsum("BTKGH,BSKH->BKGTS", q, k_bskh, preferred_element_type=jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(h))
-    scores = jnp.where(mask_bts[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_bskh.dtype)
-    out = jnp.einsum("BKGTS,BSKH->BTKGH", probs, v_bskh)
-    return out.reshape(b, t, n, h)
-
-
-def causal_segment_mask(positions_bt: jax.Array, segment_ids_bt: jax.Array) -> jax.Array:
-    """[B,T,T] mask: same non-zero segment and key index <= query index (packing-safe)."""
-    t = positions_bt.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), bool))[None]
-    same = segment_ids_bt[:, :, None] == segment_ids_bt[:, None, :]
-    valid = (segment_ids_bt != 0)[:, None, :]
-    return causal & same & valid
-
-
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.cfg = cfg
         std = d ** -0.5
-        self.q_proj = nnx.Param(_init(std)(rngs.params(), (d, n, h), pd), logical_axes=("embed", "q_heads", "head_dim"))
-        self.k_proj = nnx.Param(_init(std)(rngs.params(), (d, k, h), pd), logical_axes=("embed", "kv_heads", "head_dim"))
-        self.v_proj = nnx.Param(_init(std)(rngs.params(), (d, k, h), pd), logical_axes=("embed", "kv_heads", "head_dim"))
-        self.o_proj = nnx.Param(_init((n * h) ** -0.5)(rngs.params(), (n, h, d), pd),
+        self.q_proj = nnx.Param(_init(cfg, std)(rngs.params(), (d, n, h), pd), logical_axes=("embed", "q_heads", "head_dim"))
+        self.k_proj = nnx.Param(_init(cfg, std)(rngs.params(), (d, k, h), pd), logical_axes=("embed", "kv_heads", "head_dim"))
+        self.v_proj = nnx.Param(_init(cfg, std)(rngs.params(), (d, k, h), pd), logical_axes=("embed", "kv_heads", "head_dim"))
+        self.o_proj = nnx.Param(_init(cfg, (n * h) ** -0.5)(rngs.params(), (n, h, d), pd),
                                 logical_axes=("q_heads", "head_dim", "embed"))
         if cfg.qkv_bias:
             self.q_bias = nnx.Param(jnp.zeros((n, h), pd), logical_axes=("q_heads", "head_dim"))
@@ -98,7 +97,7 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(h, cfg.rms_eps, pd, logical="head_dim")
             self.k_norm = RMSNorm(h, cfg.rms_eps, pd, logical="head_dim")
 
-    def __call__(self, x_btd: jax.Array, positions_bt: jax.Array, mask_bts: jax.Array | None,
+    def __call__(self, x_btd: jax.Array, positions_bt: jax.Array, segment_ids_bt: jax.Array | None,
                  layer: int, attend: AttendFn | None, kv: Any) -> tuple[jax.Array, Any]:
         cfg, dt = self.cfg, x_btd.dtype
         q = jnp.einsum("BTD,DNH->BTNH", x_btd, self.q_proj[...].astype(dt))
@@ -113,7 +112,7 @@ class Attention(nnx.Module):
         k = constrain(rope(k, positions_bt, cfg.rope_theta), ("batch", None, "kv_heads", None))
         v = constrain(v, ("batch", None, "kv_heads", None))
         if attend is None:
-            out, new_kv = dense_attention(q, k, v, mask_bts), None
+            out, new_kv = training_attention(cfg, q, k, v, segment_ids_bt), None
         else:
             out, new_kv = attend(layer, q, k, v, kv)
         return jnp.einsum("BTNH,NHD->BTD", out.astype(dt), self.o_proj[...].astype(dt)), new_kv
@@ -124,9 +123,9 @@ class MLP(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         pd, d, f = jnp.dtype(cfg.param_dtype), cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nnx.Param(_init(d ** -0.5)(rngs.params(), (d, f), pd), logical_axes=("embed", "mlp"))
-        self.up_proj = nnx.Param(_init(d ** -0.5)(rngs.params(), (d, f), pd), logical_axes=("embed", "mlp"))
-        self.down_proj = nnx.Param(_init(f ** -0.5)(rngs.params(), (f, d), pd), logical_axes=("mlp", "embed"))
+        self.gate_proj = nnx.Param(_init(cfg, d ** -0.5)(rngs.params(), (d, f), pd), logical_axes=("embed", "mlp"))
+        self.up_proj = nnx.Param(_init(cfg, d ** -0.5)(rngs.params(), (d, f), pd), logical_axes=("embed", "mlp"))
+        self.down_proj = nnx.Param(_init(cfg, f ** -0.5)(rngs.params(), (f, d), pd), logical_axes=("mlp", "embed"))
 
     def __call__(self, x_btd: jax.Array) -> jax.Array:
         dt = x_btd.dtype
@@ -144,8 +143,8 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, pd)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x, positions, mask, layer, attend, kv):
-        h, new_kv = self.attn(self.input_norm(x), positions, mask, layer, attend, kv)
+    def __call__(self, x, positions, segment_ids, layer, attend, kv):
+        h, new_kv = self.attn(self.input_norm(x), positions, segment_ids, layer, attend, kv)
         x = constrain(x + h, ("batch", None, None))
         x = constrain(x + self.mlp(self.post_attn_norm(x)), ("batch", None, None))
         return x, new_kv
@@ -157,12 +156,12 @@ class Qwen3(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
-        self.embed = nnx.Param(_init(1.0)(rngs.params(), (cfg.vocab_size, cfg.hidden_size), pd),
+        self.embed = nnx.Param(_init(cfg, 1.0)(rngs.params(), (cfg.vocab_size, cfg.hidden_size), pd),
                                logical_axes=("vocab", "embed"))
         self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_eps, pd)
         if not cfg.tie_embeddings:
-            self.lm_head = nnx.Param(_init(cfg.hidden_size ** -0.5)(rngs.params(), (cfg.hidden_size, cfg.vocab_size), pd),
+            self.lm_head = nnx.Param(_init(cfg, cfg.hidden_size ** -0.5)(rngs.params(), (cfg.hidden_size, cfg.vocab_size), pd),
                                      logical_axes=("embed", "vocab"))
 
     def hidden(self, tokens_bt: jax.Array, positions_bt: jax.Array, segment_ids_bt: jax.Array | None = None,
@@ -170,16 +169,39 @@ class Qwen3(nnx.Module):
         """Final-normed hidden states ``[B,T,D]`` and the updated per-layer kv (None when dense)."""
         dt = jnp.dtype(self.cfg.dtype)
         x = constrain(jnp.take(self.embed[...], tokens_bt, axis=0).astype(dt), ("batch", None, None))
-        mask = None
         if attend is None:
             seg = jnp.ones_like(tokens_bt) if segment_ids_bt is None else segment_ids_bt
-            mask = causal_segment_mask(positions_bt, seg)
+            return self.final_norm(self._train_stack(x, positions_bt, seg)), None
         new_kv = []
         for i, layer in enumerate(self.layers):
             with jax.named_scope(f"layer_{i}"):
-                x, layer_kv = layer(x, positions_bt, mask, i, attend, None if kv is None else kv[i])
+                x, layer_kv = layer(x, positions_bt, None, i, attend, None if kv is None else kv[i])
             new_kv.append(layer_kv)
-        return self.final_norm(x), (None if attend is None else new_kv)
+        return self.final_norm(x), new_kv
+
+    def _train_stack(self, x_btd: jax.Array, positions_bt: jax.Array, segment_ids_bt: jax.Array) -> jax.Array:
+        """The L layers without a cache: rematerialised per ``cfg.remat``, scanned per ``cfg.scan_layers``.
+
+        Scanned, the per-layer params are stacked inside the trace (one ``[L, ...]`` copy, laid out like
+        the params) and ``lax.scan`` runs one compiled layer L times; the backward of the stack gives
+        the per-layer gradients back."""
+        cfg = self.cfg
+        gdef, first = nnx.split(self.layers[0])
+        states = [first] + [nnx.split(layer)[1] for layer in list(self.layers)[1:]]
+
+        def layer_fn(x, state):
+            return nnx.merge(gdef, state)(x, positions_bt, segment_ids_bt, 0, None, None)[0]
+        if cfg.remat != "none":
+            layer_fn = jax.checkpoint(layer_fn, policy=_REMAT_POLICY[cfg.remat], prevent_cse=not cfg.scan_layers)
+        if cfg.scan_layers and len(states) > 1:
+            stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+            with jax.named_scope("layers"):
+                x_btd, _ = jax.lax.scan(lambda x, st: (layer_fn(x, st), None), x_btd, stacked)
+            return x_btd
+        for i, state in enumerate(states):
+            with jax.named_scope(f"layer_{i}"):
+                x_btd = layer_fn(x_btd, state)
+        return x_btd
 
     def head_weight(self) -> jax.Array:
         """The ``[D, V]`` output projection (the transposed embedding when tied)."""
