@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from rstar2_jax.data.datasets import DatasetError, Problem, load_dataset, write_jsonl
+from tests.shared_data import SHARED_DATA, need
 
-SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 EXPECTED_COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "hmmt25": 30, "math500": 500}
 
 
@@ -20,10 +20,9 @@ def _write(tmp_path: Path, lines: list[str], name: str = "d.jsonl") -> Path:
 GOOD = json.dumps({"id": "a", "problem": "1+1?", "answer": "2"})
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason=f"{SHARED_DATA} not present")
 @pytest.mark.parametrize("name,count", sorted(EXPECTED_COUNTS.items()))
 def test_shared_eval_files_load(name, count):
-    problems = load_dataset(SHARED_DATA / f"{name}.jsonl")
+    problems = load_dataset(need(SHARED_DATA / f"{name}.jsonl"))
     assert len(problems) == count
     assert len({p.id for p in problems}) == count
     assert all(p.problem.strip() and p.answer.strip() and "\\boxed" not in p.answer for p in problems)

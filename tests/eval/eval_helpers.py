@@ -1,11 +1,10 @@
-"""Shared helpers for the eval tests: the shared data directory and the CLI module."""
+"""Shared helpers for the eval tests: the CLI module (the shared data directory: tests/shared_data.py)."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_DATA = REPO.parent / "shared" / "data"
 
 
 def load_script(name: str):

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from tests.eval.eval_helpers import SHARED_DATA, load_script
+from tests.eval.eval_helpers import load_script
+from tests.shared_data import SHARED_DATA, need
 
 AIME24 = SHARED_DATA / "aime24.jsonl"
 ROW_FIELDS = {"id", "gold", "answers", "correct", "pass@1", "tool_calls", "tool_errors", "response_tokens",
@@ -19,8 +20,8 @@ def cli():
     return load_script("eval_math")
 
 
-@pytest.mark.skipif(not AIME24.exists(), reason=f"{AIME24} not present")
 def test_random_tiny_on_two_aime24_problems_writes_rows_and_summary(cli, tmp_path, capsys):
+    need(AIME24)
     out = tmp_path / "eval"
     summary = cli.main(["--random-tiny", "--data", f"aime24={AIME24}", "--k", "2", "--temperature", "1.0",
                         "--budget", "64", "--limit", "2", "--slots", "4", "--sandbox-workers", "1",
