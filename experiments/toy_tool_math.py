@@ -23,45 +23,39 @@ if "jax" not in sys.modules:  # fake CPU devices: devices_per_engine per engine,
                           f"{_flag('engines', 2) * _flag('devices-per-engine', 1)}")
 
 import argparse  # noqa: E402
-import dataclasses  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
 
 from rstar2_jax.config import ModelConfig  # noqa: E402
 from rstar2_jax.data.chat import chat_segments, render_records  # noqa: E402
 from rstar2_jax.data.regimes import REGIMES, get_regime  # noqa: E402
 from rstar2_jax.data.sft_traces import build_traces, copy_drills  # noqa: E402
 from rstar2_jax.data.toy import make_splits  # noqa: E402
-from rstar2_jax.eval import EvalConfig, evaluate  # noqa: E402
+from rstar2_jax.eval import EvalConfig  # noqa: E402
 from rstar2_jax.eval.load_policy import toy_model_config  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.rewards import RewardFn  # noqa: E402
 from rstar2_jax.rl import LossConfig, OptimConfig, RLConfig, RocConfig  # noqa: E402
 from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state  # noqa: E402
-from rstar2_jax.rl.train_step import init_train_state  # noqa: E402
 from rstar2_jax.rollout.dispatcher import RolloutConfig  # noqa: E402
 from rstar2_jax.rollout.template import TemplateConfig  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature  # noqa: E402
 from rstar2_jax.sandbox import SandboxLimits  # noqa: E402
 from rstar2_jax.sandbox.backend import BACKENDS, open_pool  # noqa: E402
-from rstar2_jax.sft import SFTConfig, train_sft  # noqa: E402
+from rstar2_jax.sft import SFTConfig  # noqa: E402
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # noqa: E402
-from rstar2_jax.learner import Learner, LearnerConfig  # noqa: E402
-from rstar2_jax.loop import rl_step  # noqa: E402
+from rstar2_jax.learner import LearnerConfig  # noqa: E402
 from rstar2_jax.rollout.service import Rollout  # noqa: E402
 from rstar2_jax.rollout.weight_sync import WeightSync  # noqa: E402
 from rstar2_jax.sampling.placement import PlacementConfig, plan_placement  # noqa: E402
-from rstar2_jax.utils.compiles import CompileCounter  # noqa: E402
-from rstar2_jax.utils.metrics import MetricsLogger, plot_metrics  # noqa: E402
+from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, run, write_plots  # noqa: E402
+from rstar2_jax.run.resume import ResumeError  # noqa: E402
 
 ROC_MODES = ("paper", "deterministic", "none")
-RL_CKPT_BASE = 1_000_000  # checkpoint ids: SFT step i -> i, RL step k -> RL_CKPT_BASE + k (newest = latest)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -111,7 +105,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "0 (toy default): reproducible tool text, so --resume reproduces a run exactly")
     ap.add_argument("--ckpt-every", type=int, default=5, help="RL steps between checkpoints")
     ap.add_argument("--ckpt-every-sft", type=int, default=20, help="SFT steps between checkpoints")
-    ap.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in --out")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue from the latest checkpoint in --out (refuses, writing nothing, when none restores "
+                         "or a setting differs)")
+    ap.add_argument("--allow-changed", default=[], type=lambda s: [x.strip().replace("-", "_") for x in s.split(",")
+                                                                    if x.strip()],
+                    help="--resume: settings allowed to differ from the saved run, comma-separated (e.g. ckpt_every)")
+    ap.add_argument("--log", default=[], type=lambda s: [x.strip() for x in s.split(",") if x.strip()],
+                    help="extra metrics sinks besides metrics.jsonl: tensorboard, wandb (offline), comma-separated")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     errors = []
@@ -180,7 +181,7 @@ def _sft_key(args: argparse.Namespace) -> str:
 
 
 def load_sft_cache(args, params, sft_cfg: SFTConfig):
-    """(state, sft_log) cached for these settings, or None."""
+    """(state, sft rows) cached for these settings, or None."""
     d = Path(args.sft_cache) / _sft_key(args) if args.sft_cache else None
     if d is None or not (d / "sft_metrics.jsonl").exists():
         return None
@@ -191,7 +192,9 @@ def load_sft_cache(args, params, sft_cfg: SFTConfig):
         restored = ckpt.restore(abstract_train_state(params, sft_cfg.rl_view()))
     if restored is None:
         return None
-    return restored.state, [json.loads(x) for x in (d / "sft_metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (d / "sft_metrics.jsonl").read_text().splitlines()]
+    return restored.state, [{**r, "stage": "sft", "sft_step": r.get("sft_step", r.get("step")), "step": 0}
+                            for r in rows]
 
 
 def save_sft_cache(args, state, sft_cfg: SFTConfig, log: list[dict]) -> None:
@@ -205,17 +208,14 @@ def save_sft_cache(args, state, sft_cfg: SFTConfig, log: list[dict]) -> None:
     (d / "sft_metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
 
 
+def run_config(args: argparse.Namespace) -> dict:
+    """The settings that define the run (compared on --resume): every flag but the run-control ones."""
+    return {k: v for k, v in vars(args).items() if k not in ("resume", "no_progress", "allow_changed", "log")}
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    if args.resume and (out / "args.json").exists():
-        saved = json.loads((out / "args.json").read_text())
-        diff = {k: (saved.get(k), v) for k, v in vars(args).items()
-                if k not in ("resume", "no_progress") and saved.get(k) != v}
-        if diff:
-            raise SystemExit(f"--resume: settings differ from the run in {out}: {diff}")
-    (out / "args.json").write_text(json.dumps(vars(args), indent=2))
     show = not args.no_progress
     tpl = TemplateConfig.toy(report_exec_time=args.exec_time)
     t_start = time.perf_counter()
@@ -245,108 +245,48 @@ def main(argv: list[str] | None = None) -> dict:
         timings["traces_s"] = time.perf_counter() - t
 
         mcfg = build_model(args, tok.vocab_size)
-        (out / "config.json").write_text(json.dumps(mcfg.to_hf(), indent=2))  # the policy's shape, HF-style
         graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
-        # One checkpoint directory for the whole run: the state (SFT or RL phase, same pytree structure),
-        # the cursor {"phase", "step"}; metrics.jsonl holds the metrics so far. Saves are atomic (orbax).
-        ckpt = Checkpointer(out / "checkpoint", max_to_keep=2)
-        restored = ckpt.restore(abstract_train_state(params, rl_cfg)) if args.resume else None
-        cursor = restored.data_cursor if restored is not None else {"phase": "start", "step": 0}
-        if args.resume:
-            print(f"resume: {'from ' + json.dumps(cursor) if restored else 'no checkpoint, starting fresh'}")
         max_seq_len = max(len(e[0]) for e in examples) + args.budget + 64
 
-        # ---- SFT ---------------------------------------------------------------------------------
-        t = time.perf_counter()
-        sft_log_path = out / "sft_metrics.jsonl"
-        if cursor["phase"] == "rl":
-            sft_state = None
-        else:
-            cached = load_sft_cache(args, params, sft_cfg) if cursor["phase"] == "start" else None
-            if cached is not None:
-                sft_state, sft_log = cached
-                sft_log_path.write_text("".join(json.dumps(r) + "\n" for r in sft_log))
-            else:
-                resume_state = restored.state if cursor["phase"] == "sft" else None
-                sft_logger = MetricsLogger(sft_log_path, resume=resume_state is not None,
-                                           keep_until_step=cursor["step"])
+        def make_rollout():
+            engines = make_engines(graphdef, params, mcfg, args, max_seq_len, tok)
+            rollout_cfg = RolloutConfig(n_samples=2 * args.group, budget=args.budget, template=tpl,
+                                        sampler=Temperature(temperature=args.temperature))
+            return Rollout(engines, pool, tok, rollout_cfg), engines
 
-                def on_state(i: int, st) -> None:
-                    if i % args.ckpt_every_sft == 0:  # checkpoint ids: SFT step i -> i
-                        ckpt.save(st, data_cursor={"phase": "sft", "step": i}, config=sft_cfg.rl_view(), step=i)
-
-                sft_state = train_sft(graphdef, params, examples, sft_cfg, pad_id=tok.pad_id, seed=args.seed,
-                                      state=resume_state, on_step=lambda i, m: sft_logger.log({"step": i, **m}),
-                                      on_state=on_state, show_progress=show)
-                save_sft_cache(args, sft_state, sft_cfg, sft_logger.rows)
-        timings["sft_s"] = time.perf_counter() - t
-
-        # ---- RL ----------------------------------------------------------------------------------
-        engines = make_engines(graphdef, params, mcfg, args, max_seq_len, tok)
-        rollout_cfg = RolloutConfig(n_samples=2 * args.group, budget=args.budget, template=tpl,
-                                    sampler=Temperature(temperature=args.temperature))
-        if cursor["phase"] == "rl":
-            state, start = restored.state, cursor["step"]
-        else:
-            state, start = init_train_state(sft_state.params, rl_cfg, args.seed), None
-        # the run's two long-lived owners: the rollout service (engines, dispatcher, sandbox) and the
-        # learner (train state, the update compiled once)
-        rollout = Rollout(engines, pool, tok, rollout_cfg)
-        learner = Learner(graphdef, state, LearnerConfig(rl=rl_cfg, seq_len=max_seq_len,
-                                                         rows=args.problems_per_step * args.group), pad_id=tok.pad_id)
-        rollout.sync(learner.params)
-        if cursor["phase"] == "rl":
-            rollout.load_state(cursor.get("rollout"))  # the dispatcher's length history, as when it stopped
-        eval_cfg = EvalConfig(k=1, budget=args.budget, template=tpl)
-
-        def held_out(tag: str) -> dict:
-            _, summary = evaluate(heldout, engines, pool, tok, reward_fn, eval_cfg, seed=args.seed,
-                                  show_progress=show, out_jsonl=out / f"eval_{tag}.jsonl")
-            return summary
-
-        logger = MetricsLogger(out / "metrics.jsonl", resume=start is not None, keep_until_step=start)
-        if start is None:
-            t = time.perf_counter()
-            sft_eval = held_out("sft")
-            timings["eval_sft_s"] = time.perf_counter() - t
-            logger.log({"step": 0, "heldout_acc": sft_eval["pass@1"],
-                        "heldout_tool_error_rate": sft_eval["tool_error_rate"],
-                        "heldout_response_len": sft_eval["mean_response_tokens"]})
-            start = 0
-            ckpt.save(learner.state, data_cursor={"phase": "rl", "step": 0}, config=rl_cfg, step=RL_CKPT_BASE)
-        t_rl = time.perf_counter()
-        bar = tqdm(range(start + 1, args.rl_steps + 1), desc="rl", disable=not show)
-        compiles = CompileCounter()
-        for step in bar:
-            batch = rl_problems[(step - 1) * args.problems_per_step: step * args.problems_per_step]
-            t = time.perf_counter()
-            compiles.take()  # count this step only (not the evaluation or checkpoint before it)
-            m, _ = rl_step(rollout, learner, reward_fn, batch, seed=args.seed * 100_003 + step, compiles=compiles)
-            m.update(step=step, step_s=time.perf_counter() - t)
-            if step % args.eval_every == 0 or step == args.rl_steps:
-                ev = held_out(f"step{step}")
-                m.update(heldout_acc=ev["pass@1"], heldout_tool_error_rate=ev["tool_error_rate"],
-                         heldout_response_len=ev["mean_response_tokens"])
-            logger.log(m)
-            if step % args.ckpt_every == 0 or step == args.rl_steps:
-                ckpt.save(learner.state, data_cursor={"phase": "rl", "step": step, "rollout": rollout.state()},
-                          config=rl_cfg,
-                          metrics={"reward": m["reward"]}, step=RL_CKPT_BASE + step)
-            bar.set_postfix(reward=f"{m['reward']:.2f}")
-        timings["rl_s"] = time.perf_counter() - t_rl
-    ckpt.close()
+        parts = Parts(
+            graphdef=graphdef, params=params, mesh=None, rl=rl_cfg, pad_id=tok.pad_id,
+            learner=LearnerConfig(rl=rl_cfg, seq_len=max_seq_len, rows=args.problems_per_step * args.group),
+            make_rollout=make_rollout, pool=pool, tokenizer=tok, reward_fn=reward_fn,
+            schedule=OneStage(problems_list=rl_problems, steps=args.rl_steps, problems_per_step=args.problems_per_step),
+            sft=SFTPart(cfg=sft_cfg, shards=1, load_shard=lambda s: examples, ckpt_every=args.ckpt_every_sft,
+                        cache_load=lambda: load_sft_cache(args, params, sft_cfg),
+                        cache_save=lambda st, rows: save_sft_cache(args, st, sft_cfg, rows)),
+            eval_problems=heldout, eval_cfg=EvalConfig(k=1, budget=args.budget, template=tpl))
+        rc = RunConfig(out=out, seed=args.seed, ckpt_every=args.ckpt_every, eval_every=args.eval_every,
+                       resume=args.resume, allow_changed=tuple(args.allow_changed), sinks=("jsonl", *args.log),
+                       run_config=run_config(args), show_progress=show,
+                       files={"args.json": json.dumps(vars(args), indent=2),
+                              "config.json": json.dumps(mcfg.to_hf(), indent=2)})  # the policy's shape, HF-style
+        try:
+            res = run(parts, rc, abstract_train_state(params, rl_cfg))
+        except ResumeError as e:
+            raise SystemExit(str(e)) from None
+        if res.resumed_from is not None:
+            print(f"resume: from {json.dumps(res.resumed_from)}")
+    timings.update(res.timings)
     timings["total_s"] = time.perf_counter() - t_start
-    plot_metrics(logger.rows, out / "metrics.png")
-    summary = summarize_run(args, logger.rows, sft_log_path, timings)
+    write_plots(res.rows, out)
+    summary = summarize_run(args, res.rows, timings)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print_summary(summary, out)
     return summary
 
 
-def summarize_run(args, rows: list[dict], sft_log_path: Path, timings: dict) -> dict:
+def summarize_run(args, rows: list[dict], timings: dict) -> dict:
     evals = [r for r in rows if r.get("heldout_acc") is not None]
     first, last = evals[0], evals[-1]
-    sft_log = [json.loads(x) for x in sft_log_path.read_text().splitlines()] if sft_log_path.exists() else []
+    sft_log = [r for r in rows if r.get("stage") == "sft"]
     return {
         "seed": args.seed, "roc_mode": args.roc_mode, "rl_steps": args.rl_steps,
         "sft_heldout_acc": first["heldout_acc"], "rl_heldout_acc": last["heldout_acc"],

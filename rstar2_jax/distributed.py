@@ -217,3 +217,21 @@ def allgather_rows(x: np.ndarray) -> list[np.ndarray]:
     nbytes = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
     return [got[p, :c].view(np.uint8)[:, :nbytes].copy().view(x.dtype).reshape(c, *x.shape[1:])
             for p, c in enumerate(counts)]
+
+
+def allgather_json(obj: Any) -> list[Any]:
+    """Every process's JSON-able ``obj``, in process order (a collective; one process: ``[obj]``)."""
+    import json
+
+    if jax.process_count() == 1:
+        return [obj]
+    data = np.frombuffer(json.dumps(obj).encode("utf-8"), np.uint8).reshape(-1, 1)
+    return [json.loads(x.tobytes().decode("utf-8")) for x in allgather_rows(data)]
+
+
+def contiguous_shard(n: int, num_parts: int | None = None, part: int | None = None) -> slice:
+    """Items ``[lo, hi)`` of ``n`` that process ``part`` of ``num_parts`` takes (default: this process
+    of all); sizes differ by at most one, in process order."""
+    num_parts = jax.process_count() if num_parts is None else num_parts
+    part = jax.process_index() if part is None else part
+    return slice(n * part // num_parts, n * (part + 1) // num_parts)

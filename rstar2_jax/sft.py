@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rstar2_jax.rl.config import OptimConfig, RLConfig
+from rstar2_jax.distributed import process_local_batch
 from rstar2_jax.rl.train_step import (TrainState, batch_logprobs, init_train_state, jit_state_update,
                                       make_optimizer, shard_batch, split_micro)
 
@@ -80,15 +81,27 @@ def sft_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.Gr
     return TrainState(params=params, opt_state=opt_state, step=state.step + 1, key=state.key), metrics
 
 
-def make_sft_step(graphdef: nnx.GraphDef, cfg: SFTConfig, *, mesh: Mesh | None = None, donate: bool = True
+def make_sft_step(graphdef: nnx.GraphDef, cfg: SFTConfig, *, mesh: Mesh | None = None, donate: bool = True,
+                  local_rows: bool = False
                   ) -> Callable[[TrainState, dict[str, Any]], tuple[TrainState, dict[str, jax.Array]]]:
-    """``step(state, batch) -> (state, metrics)``, jitted (with the state's shardings under ``mesh``)."""
+    """``step(state, batch) -> (state, metrics)``, jitted (with the state's shardings under ``mesh``).
+    ``local_rows``: ``batch`` holds only this process's rows of the global batch (several processes)."""
     update = jit_state_update(functools.partial(sft_step, graphdef=graphdef, cfg=cfg), cfg.rl_view(),
                               mesh=mesh, donate=donate)
 
     def step(state: TrainState, batch: dict[str, Any]):
-        return update(state, shard_batch({k: batch[k] for k in SFT_KEYS}, mesh))
+        host = {k: batch[k] for k in SFT_KEYS}
+        return update(state, process_local_batch(host, mesh) if local_rows else shard_batch(host, mesh))
     return step
+
+
+def batch_rows(n: int, rows: int, seed: int, step: int, shard: int | None = None) -> np.ndarray:
+    """The ``rows`` row indices (of ``n`` packed rows) that batch ``step`` takes: shuffled per epoch,
+    deterministic per (seed, shard, epoch), cycling through the rows (``np.resize``) when ``n < rows``."""
+    per_epoch = max(1, n // rows) if n >= rows else 1
+    epoch, j = divmod(step, per_epoch)
+    order = np.random.default_rng([seed, epoch] if shard is None else [seed, shard, epoch]).permutation(n)
+    return np.resize(order, max(n, rows))[j * rows:(j + 1) * rows]
 
 
 def iterate_batches(packed: dict[str, np.ndarray], cfg: SFTConfig, seed: int, start_step: int = 0
@@ -98,12 +111,8 @@ def iterate_batches(packed: dict[str, np.ndarray], cfg: SFTConfig, seed: int, st
     n = packed["tokens"].shape[0]
     if n == 0:
         raise ValueError("SFT: no packed rows to train on")
-    total = num_steps(n, cfg)
-    per_epoch = max(1, n // cfg.batch_size) if n >= cfg.batch_size else 1
-    for step in range(start_step, total):
-        epoch, j = divmod(step, per_epoch)
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        rows = np.resize(order, max(n, cfg.batch_size))[j * cfg.batch_size:(j + 1) * cfg.batch_size]
+    for step in range(start_step, num_steps(n, cfg)):
+        rows = batch_rows(n, cfg.batch_size, seed, step)
         yield {k: v[rows] for k, v in packed.items() if k in SFT_KEYS}
 
 
@@ -123,18 +132,60 @@ def train_sft(graphdef: nnx.GraphDef, params: nnx.State, examples: Sequence[tupl
     Pass ``state`` to continue (e.g. from a checkpoint): training resumes at ``state.step`` and sees
     the same batches as an uninterrupted run.
     """
+    return train_sft_shards(graphdef, params, {0: examples}, 1, cfg, pad_id=pad_id, mesh=mesh, seed=seed,
+                            state=state, on_step=on_step, on_state=on_state, show_progress=show_progress)
+
+
+def shard_owner(num_shards: int, num_processes: int, process_index: int) -> range:
+    """The SFT shards process ``process_index`` reads, packs and feeds (a contiguous block)."""
+    if num_shards % num_processes:
+        raise ValueError(f"SFT: {num_shards} data shards do not split over {num_processes} processes "
+                         f"(make sft_shards a multiple of the process count)")
+    k = num_shards // num_processes
+    return range(process_index * k, (process_index + 1) * k)
+
+
+def train_sft_shards(graphdef: nnx.GraphDef, params: nnx.State,
+                     shards: Mapping[int, Sequence[tuple[list[int], list[int]]]], num_shards: int, cfg: SFTConfig, *,
+                     pad_id: int, mesh: Mesh | None = None, seed: int = 0, state: TrainState | None = None,
+                     on_step: Callable[[int, dict[str, float]], None] | None = None,
+                     on_state: Callable[[int, TrainState], None] | None = None,
+                     show_progress: bool = True) -> TrainState:
+    """Data-parallel SFT over ``num_shards`` shards of the data: ``shards`` holds this process's
+    (``shard_owner``), each packed on its own; each batch takes ``batch_size / num_shards`` rows from
+    every shard (shard s fills rows ``[s b, (s + 1) b)``), so the global batch is the same in 1 or N
+    processes. The step count is ``num_steps`` of the total packed rows (gathered). ``num_shards=1``
+    is plain :func:`train_sft` (one packing, the seed's row order)."""
     from tqdm.auto import tqdm
 
     from rstar2_jax.data.chat import pack_sequences
+    from rstar2_jax.distributed import allgather_rows, process_rows
 
-    packed = pack_sequences(list(examples), cfg.seq_len, pad_id)
+    n_proc, me = jax.process_count(), jax.process_index()
+    mine = list(shard_owner(num_shards, n_proc, me))
+    if sorted(shards) != mine:
+        raise ValueError(f"SFT: process {me} of {n_proc} feeds shards {mine} of {num_shards}, got {sorted(shards)}")
+    if cfg.batch_size % num_shards:
+        raise ValueError(f"SFT: batch_size ({cfg.batch_size}) must be a multiple of the shard count ({num_shards})")
+    b = cfg.batch_size // num_shards
+    packed = {s: pack_sequences(list(shards[s]), cfg.seq_len, pad_id) for s in mine}
+    counts = np.concatenate(allgather_rows(np.asarray([packed[s]["tokens"].shape[0] for s in mine], np.int64)))
+    if counts.min() == 0:
+        raise ValueError(f"SFT: shard {int(np.argmin(counts))} of {num_shards} has no packed rows to train on")
+    if n_proc > 1:
+        want = slice(me * cfg.batch_size // n_proc, (me + 1) * cfg.batch_size // n_proc)
+        if mesh is None or process_rows(mesh, cfg.batch_size) != want:
+            raise ValueError(f"SFT: process {me} must own batch rows {want} of {cfg.batch_size} (a training mesh "
+                             "whose data*fsdp axes span the processes in process order)")
     if state is None:
         state = init_train_state(params, cfg.rl_view(), seed, mesh=mesh)
-    step_fn = make_sft_step(graphdef, cfg, mesh=mesh)
-    start = int(state.step)
-    total = num_steps(packed["tokens"].shape[0], cfg)
+    step_fn = make_sft_step(graphdef, cfg, mesh=mesh, local_rows=n_proc > 1)
+    start, total = int(state.step), num_steps(int(counts.sum()), cfg)
     bar = tqdm(total=total, initial=start, desc="sft", disable=not show_progress)
-    for i, batch in enumerate(iterate_batches(packed, cfg, seed, start), start=start):
+    for i in range(start, total):
+        parts = [{k: v[batch_rows(len(packed[s]["tokens"]), b, seed, i, None if num_shards == 1 else s)]
+                  for k, v in packed[s].items() if k in SFT_KEYS} for s in mine]
+        batch = {k: np.concatenate([p[k] for p in parts]) for k in SFT_KEYS}
         state, metrics = step_fn(state, batch)
         m = {k: float(v) for k, v in metrics.items()}
         bar.set_postfix(loss=f"{m['loss']:.3f}")

@@ -39,7 +39,10 @@ def test_bad_command_line_values_are_clear_errors(argv, match, capsys):
 @pytest.mark.slow
 def test_short_demo_writes_every_metric_and_matches_the_golden(tmp_path):
     summary = toy_tool_math.main(TINY + ["--rl-steps", "3", "--exec-time", "0", "--out", str(tmp_path)])
-    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    all_rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    sft = [r for r in all_rows if r.get("stage") == "sft"]
+    rows = [r for r in all_rows if r.get("stage") != "sft"]
+    assert sft and all(r["step"] == 0 for r in sft) and [r["sft_step"] for r in sft] == list(range(1, len(sft) + 1))
     assert [r["step"] for r in rows] == [0, 1, 2, 3]
     for r in rows[1:]:
         for k in STEP_KEYS:
@@ -49,7 +52,7 @@ def test_short_demo_writes_every_metric_and_matches_the_golden(tmp_path):
     assert sum(r["tool_calls_executed"] for r in rows[1:]) > 0  # real tool calls ran in the sandbox
     # one learner and one rollout service for the run: nothing compiles from the third RL step on
     assert rows[3]["compiles"] == 0, [r.get("compiles") for r in rows]
-    for name in ("metrics.png", "summary.json", "eval_sft.jsonl", "config.json"):
+    for name in ("metrics.png", "summary.json", "eval_sft.jsonl", "config.json", "args.json"):
         assert (tmp_path / name).exists(), name
     assert (tmp_path / "checkpoint").exists()
     assert math.isfinite(summary["delta_acc"])

@@ -41,11 +41,26 @@ class Problem:
         return {"id": self.id, "problem": self.problem, "answer": self.answer, **self.meta}
 
 
-def iter_jsonl(path: str | os.PathLike) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line_number, object)`` for each non-blank line; bad JSON or a non-object -> ``DatasetError``."""
+def iter_jsonl(path: str | os.PathLike, *, shard: tuple[int, int] | None = None
+               ) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line_number, object)`` for each non-blank line; bad UTF-8, bad JSON or a non-object ->
+    ``DatasetError`` naming the file and the line. ``shard=(s, S)``: only the records whose index among
+    the non-blank lines is ``s`` mod ``S`` (the others are skipped unparsed: one process's share)."""
     path = Path(path).expanduser()
-    with open(path, encoding="utf-8") as f:
-        for lineno, raw in enumerate(f, start=1):
+    record = -1
+    with open(path, "rb") as f:  # decoded per line, so an undecodable byte is named by its line
+        for lineno, raw_bytes in enumerate(f, start=1):
+            if shard is not None:
+                if not raw_bytes.strip():
+                    continue
+                record += 1
+                if record % shard[1] != shard[0]:
+                    continue
+            try:
+                raw = raw_bytes.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DatasetError(f"not valid UTF-8 (byte 0x{raw_bytes[e.start]:02x} at column {e.start + 1}); "
+                                   "re-encode the file as UTF-8", path=path, line=lineno) from None
             if not raw.strip():
                 continue
             try:

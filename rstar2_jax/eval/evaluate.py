@@ -49,7 +49,8 @@ def make_sampler(temperature: float, top_p: float = 1.0) -> Sampler:
 
 def evaluate(problems: Sequence[Any], engines: Sequence[Any], pool: Any, tokenizer: Any, reward_fn: Any,
              cfg: EvalConfig, *, seed: int = 0, show_progress: bool = True,
-             out_jsonl: str | Path | None = None, keep_text: bool = False) -> tuple[list[dict], dict[str, Any]]:
+             out_jsonl: str | Path | None = None, keep_text: bool = False, first_group: int = 0,
+             sharded: bool = False) -> tuple[list[dict], dict[str, Any]]:
     """Roll out ``cfg.k`` samples per problem; returns (per-problem rows, summary).
 
     One row per problem (lists have one entry per sample): ``id``, ``gold``, ``answers`` (extracted
@@ -58,12 +59,29 @@ def evaluate(problems: Sequence[Any], engines: Sequence[Any], pool: Any, tokeniz
     tokens included), ``generated_tokens`` (sampled only), ``turns`` (assistant turns), ``done``
     (``answer|eos|max_turns|budget|error``), ``errors`` (message of an ``error`` finish, else null);
     with ``keep_text`` also ``responses`` (the assistant text of each sample, turns joined).
+
+    ``sharded=True`` (several processes; call it in every process with the same ``problems``): each
+    process rolls out its contiguous share (global group ids, so each problem's samples are those of
+    a one-process run), the rows are gathered in problem order and are the same in every process;
+    only process 0 writes ``out_jsonl``. ``first_group``: the global index of ``problems[0]``.
     """
+    if sharded:
+        from rstar2_jax.distributed import allgather_json, contiguous_shard, is_main_process
+
+        sl = contiguous_shard(len(problems))
+        mine, _ = evaluate(list(problems)[sl], engines, pool, tokenizer, reward_fn, cfg, seed=seed,
+                           show_progress=show_progress, keep_text=keep_text, first_group=first_group + sl.start)
+        rows = [r for part in allgather_json(mine) for r in part]
+        summary = summarize(rows)
+        if out_jsonl is not None and is_main_process():
+            _write_rows(out_jsonl, rows)
+        return rows, summary
     rcfg = RolloutConfig(n_samples=cfg.k, budget=cfg.budget, sampler=cfg.sampler, template=cfg.template)
-    result = Dispatcher(engines, pool, tokenizer, rcfg).run(problems, seed=seed, show_progress=show_progress)
+    result = Dispatcher(engines, pool, tokenizer, rcfg).run(problems, seed=seed, show_progress=show_progress,
+                                                            first_group=first_group)
     score(result.trajectories, reward_fn)
     rows = []
-    for gi, p in enumerate(problems):
+    for gi, p in enumerate(problems, start=first_group):
         ts = [t for t in result.trajectories if t.group_id == gi]
         rows.append({
             "id": str(getattr(p, "id", gi)), "gold": str(getattr(p, "answer", "")),
@@ -79,10 +97,14 @@ def evaluate(problems: Sequence[Any], engines: Sequence[Any], pool: Any, tokeniz
     summary = summarize(rows)
     summary["rollout"] = {k: v for k, v in result.metrics.items() if not isinstance(v, list)}
     if out_jsonl is not None:
-        path = Path(out_jsonl)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        _write_rows(out_jsonl, rows)
     return rows, summary
+
+
+def _write_rows(out_jsonl: str | Path, rows: Sequence[dict]) -> None:
+    path = Path(out_jsonl)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
 
 def summarize(rows: Sequence[dict]) -> dict[str, Any]:

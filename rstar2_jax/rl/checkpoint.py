@@ -9,7 +9,13 @@ Restore is given an abstract state (``jax.ShapeDtypeStruct`` leaves carrying the
 ``NamedSharding``s, see :func:`abstract_train_state`) and places every array directly with that
 sharding. A checkpoint that fails to load, or whose arrays no longer match the fingerprint stored
 at save time (per-array Σ|x| and Σx; catches truncated or zero-filled chunk files), is skipped with
-a warning and the previous one is tried.
+a warning and the previous one is tried; the reason of each is kept (``Checkpointer.failures``) and
+:meth:`Checkpointer.restore_latest` raises :class:`CheckpointError` naming the folder and every
+reason when none restores (a resume must never silently start over).
+
+Several processes (multi-controller JAX): every process constructs the ``Checkpointer`` on the same
+(shared) directory and calls ``save`` / ``restore`` in the same order with its global arrays; orbax
+writes each array shard once and the JSON meta from process 0 only.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ from rstar2_jax.rl.config import RLConfig
 from rstar2_jax.rl.train_step import TrainState, make_optimizer, train_state_shardings
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint in a folder restores: ``str(e)`` names the folder and each step's reason."""
 
 
 class Restored(NamedTuple):
@@ -65,7 +75,13 @@ def _fingerprint_arrays(leaves: list[jax.Array]) -> jax.Array:
 def fingerprint(tree: Any) -> list[list[float]]:
     """Per-array [Σ|x|, Σx] in fp32, for the integrity check on restore."""
     leaves = jax.tree.leaves(tree)
-    return np.asarray(_fingerprint_arrays(leaves)).tolist() if leaves else []
+    if not leaves:
+        return []
+    out = _fingerprint_arrays(leaves)
+    if not out.is_fully_addressable and not out.is_fully_replicated:  # several processes: gather
+        from jax.experimental import multihost_utils
+        return np.asarray(multihost_utils.process_allgather(out, tiled=True)).tolist()
+    return np.asarray(out).tolist()
 
 
 def _matches(a: list[list[float]], b: list[list[float]], rtol: float = 1e-4) -> bool:
@@ -83,11 +99,15 @@ class Checkpointer:
     training; call :meth:`wait` before reading the directory).
     """
 
-    def __init__(self, directory: str | Path, *, max_to_keep: int = 3, async_save: bool = False):
+    def __init__(self, directory: str | Path, *, max_to_keep: int = 3, async_save: bool = False,
+                 create: bool = True):
         if max_to_keep < 1:
             raise ValueError(f"max_to_keep must be >= 1, got {max_to_keep}")
         self.directory = Path(directory).absolute()
-        opts = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=True,
+        if not create and not self.directory.is_dir():
+            raise CheckpointError(f"no checkpoint folder {self.directory} (it was removed, or the run never saved)")
+        self.failures: dict[int, str] = {}  # step -> why it did not restore (last restore call)
+        opts = ocp.CheckpointManagerOptions(max_to_keep=max_to_keep, create=create,
                                             enable_async_checkpointing=async_save)
         self._mngr = ocp.CheckpointManager(self.directory, options=opts, item_names=("state", "meta"))
 
@@ -117,9 +137,25 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         return self._mngr.latest_step()
 
+    def read_meta(self, step: int) -> dict[str, Any]:
+        """The JSON record of checkpoint ``step`` alone (no arrays are read); raises when unreadable."""
+        return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+
+    def restore_latest(self, abstract_state: TrainState) -> Restored:
+        """:meth:`restore`, but no checkpoint that restores is an error naming the folder and the
+        reason of every step tried (missing, garbled, shapes that differ from ``abstract_state``)."""
+        restored = self.restore(abstract_state)
+        if restored is not None:
+            return restored
+        if not self.failures:
+            raise CheckpointError(f"no checkpoint in {self.directory} (the folder holds no finished save)")
+        why = "; ".join(f"step {s}: {r}" for s, r in sorted(self.failures.items(), reverse=True))
+        raise CheckpointError(f"no checkpoint in {self.directory} restores: {why}")
+
     def restore(self, abstract_state: TrainState, *, step: int | None = None) -> Restored | None:
         """Newest (or ``step``'s, then older) checkpoint that loads and passes the fingerprint check."""
         self.wait()
+        self.failures = {}
         steps = [s for s in reversed(self.all_steps()) if step is None or s <= step]
         for s in steps:
             try:
@@ -129,7 +165,9 @@ class Checkpointer:
                 if meta.get("step") != s or not _matches(fingerprint(out["state"]), meta["fingerprint"]):
                     raise ValueError("arrays do not match the fingerprint stored at save time")
             except Exception as e:  # noqa: BLE001 - any failure means "unreadable": fall back
-                msg = f"checkpoint step {s} in {self.directory} is corrupt or unreadable ({type(e).__name__}: {e}); "
+                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                self.failures[s] = reason
+                msg = f"checkpoint step {s} in {self.directory} is corrupt or unreadable ({reason}); "
                 warnings.warn(msg + "trying the previous one", RuntimeWarning, stacklevel=2)
                 log.warning(msg)
                 continue

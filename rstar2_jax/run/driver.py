@@ -1,0 +1,318 @@
+"""The run driver shared by the demo and the recipe: stages, data order, evaluation and checkpoint
+cadence, metrics, resume. The scripts build the parts (policy, SFT data, rollout service, reward,
+problems, a ``Schedule``) and call :func:`run`.
+
+    sft (optional) -> RL stages as the schedule says (-> filter -> RL) -> done
+
+* **Stages**: ``sft`` (``sft.train_sft_shards``: each process packs and feeds its own shards), the RL
+  stages (one ``loop.rl_step`` per step on the next ``problems_per_step`` problems of the stage's
+  list, wrapping around; a stage changes only the budget), ``filter`` (the policy samples k answers
+  per problem, sharded over processes and gathered; problems solved k/k are dropped, the optimizer
+  moments reset) and ``done``. The schedule decides the transitions.
+* **Seeds**: RL step ``g`` (1-based over every stage) uses ``resume.step_seed(seed, g)``; evaluation
+  and the filter use ``seed``.
+* **Evaluation** (held-out, sharded and gathered): after SFT (step 0), every ``eval_every`` RL steps
+  and after the last one; its numbers join that step's metrics row (``heldout_*``).
+* **Checkpoints** (orbax; every process saves its shards): every ``ckpt_every`` SFT or RL steps, at
+  every transition and at the end, with the versioned ``resume.Cursor`` and the run configuration.
+* **Several processes**: every process runs this same code; rows are global metrics, written by
+  process 0 only (``utils.metrics.Loggers``), as are the evaluation files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import jax
+from tqdm.auto import tqdm
+
+from rstar2_jax.distributed import allgather_json, is_main_process
+from rstar2_jax.eval.evaluate import EvalConfig, evaluate
+from rstar2_jax.learner import Learner, LearnerConfig
+from rstar2_jax.loop import rl_step
+from rstar2_jax.rl.config import RLConfig
+from rstar2_jax.rl.train_step import TrainState, init_train_state, reset_optimizer
+from rstar2_jax.run.resume import Cursor, open_checkpoints, step_seed
+from rstar2_jax.sft import SFTConfig, shard_owner, train_sft_shards
+from rstar2_jax.utils.compiles import CompileCounter
+from rstar2_jax.utils.metrics import Loggers
+
+Examples = Sequence[tuple[list[int], list[int]]]
+
+
+class Schedule(Protocol):
+    """The stage logic of a run (``recipe.RecipeSchedule``; the demo's ``OneStage``)."""
+
+    rl_stages: tuple[str, ...]  # in order; the first follows SFT
+    problems_per_step: int
+
+    def budget(self, stage: str) -> int | None: ...
+
+    def problems(self, stage: str, cursor: Cursor) -> Sequence[Any]: ...
+
+    def next_stage(self, stage: str, cursor: Cursor) -> str: ...  # after cursor.stage_step steps of stage
+
+    def filter_problems(self) -> Sequence[Any]: ...  # the filter stage's pool
+
+    def filter_eval(self) -> tuple[EvalConfig, int]: ...  # (sampling, k)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OneStage:
+    """One RL stage ``rl`` of ``steps`` steps over ``problems`` (the demo)."""
+
+    problems_list: Sequence[Any]
+    steps: int
+    problems_per_step: int
+    rl_stages: tuple[str, ...] = ("rl",)
+
+    def budget(self, stage: str) -> int | None:
+        return None
+
+    def problems(self, stage: str, cursor: Cursor) -> Sequence[Any]:
+        return self.problems_list
+
+    def next_stage(self, stage: str, cursor: Cursor) -> str:
+        return "done" if cursor.stage_step >= self.steps else stage
+
+    def filter_problems(self) -> Sequence[Any]:
+        raise ValueError("OneStage has no filter stage")
+
+    def filter_eval(self) -> tuple[EvalConfig, int]:
+        raise ValueError("OneStage has no filter stage")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SFTPart:
+    cfg: SFTConfig
+    shards: int  # the data's shard count (``sft.train_sft_shards``)
+    load_shard: Callable[[int], Examples]  # shard index -> rendered (tokens, loss_mask) examples
+    ckpt_every: int
+    # demo: a cache of SFT policies shared across runs: load() -> (state, rows) | None; save(state, rows)
+    cache_load: Callable[[], tuple[TrainState, list[dict]] | None] | None = None
+    cache_save: Callable[[TrainState, list[dict]], None] | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Parts:
+    graphdef: Any
+    params: Any  # the initial policy, placed (the trainer mesh's layout, or one device)
+    mesh: Any  # the training mesh (None: one device)
+    rl: RLConfig
+    learner: LearnerConfig
+    pad_id: int
+    # () -> (Rollout, the engines evaluation uses); built after SFT, once for every RL stage
+    make_rollout: Callable[[], tuple[Any, Sequence[Any]]]
+    pool: Any
+    tokenizer: Any
+    reward_fn: Any
+    schedule: Schedule
+    sft: SFTPart | None = None
+    eval_problems: Sequence[Any] | None = None
+    eval_cfg: EvalConfig | None = None
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    out: Path
+    seed: int
+    ckpt_every: int  # RL steps between checkpoints
+    eval_every: int | None  # RL steps between evaluations (None: after SFT and at the end only)
+    resume: bool = False
+    allow_changed: tuple[str, ...] = ()
+    sinks: tuple[str, ...] = ("jsonl",)
+    run_config: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # compared on resume
+    files: Mapping[str, str] = dataclasses.field(default_factory=dict)  # written (process 0) once the run is accepted
+    max_to_keep: int = 2
+    show_progress: bool = True
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunResult:
+    rows: list[dict]
+    cursor: Cursor
+    visited: list[str]
+    timings: dict[str, float]
+    resumed_from: dict | None
+
+
+class _Run:
+    def __init__(self, parts: Parts, rc: RunConfig, abstract_state: TrainState):
+        self.p, self.rc = parts, rc
+        self.ckpt, restored = open_checkpoints(rc.out, resume=rc.resume, abstract_state=abstract_state,
+                                               run_config=dict(rc.run_config), allow_changed=rc.allow_changed,
+                                               max_to_keep=rc.max_to_keep)
+        if is_main_process():
+            rc.out.mkdir(parents=True, exist_ok=True)
+            for name, text in rc.files.items():
+                (rc.out / name).write_text(text)
+        first = "sft" if parts.sft is not None else parts.schedule.rl_stages[0]
+        self.cursor = Cursor.from_json(restored.data_cursor, folder=self.ckpt.directory) if restored else Cursor(
+            stage=first)
+        self.state = restored.state if restored else None
+        self.resumed_from = None if restored is None else {"save_id": restored.step, "stage": self.cursor.stage,
+                                                           "stage_step": self.cursor.stage_step,
+                                                           "global_step": self.cursor.global_step}
+        self.log = Loggers(rc.out, rc.sinks, resume=restored is not None, keep_rows=self.cursor.rows,
+                           write=is_main_process(), config=dict(rc.run_config))
+        self.rollout = self.learner = self.eval_engines = None
+        self.visited: list[str] = []
+        self.timings: dict[str, float] = {}
+
+    # ---- checkpoints -------------------------------------------------------------------------------
+    def save(self, state: TrainState) -> None:
+        c = self.cursor
+        c.save_id += 1
+        c.rows = len(self.log.rows)
+        if self.rollout is not None:
+            c.rollout = allgather_json(self.rollout.state())  # every process's admission history
+        self.ckpt.save(state, data_cursor=c.to_json(), config={"run": dict(self.rc.run_config)}, step=c.save_id)
+
+    # ---- stages ------------------------------------------------------------------------------------
+    def sft(self) -> None:
+        sp, t = self.p.sft, time.perf_counter()
+        cached = sp.cache_load() if sp.cache_load is not None and self.state is None else None
+        if cached is not None:
+            state, rows = cached
+            for r in rows:
+                self.log.log(r)
+        else:
+            def on_state(i: int, st: TrainState) -> None:
+                if i % sp.ckpt_every == 0:
+                    self.cursor.stage_step = i
+                    self.save(st)
+
+            n0 = len(self.log.rows)
+            mine = shard_owner(sp.shards, jax.process_count(), jax.process_index())
+            state = train_sft_shards(self.p.graphdef, self.p.params, {s: sp.load_shard(s) for s in mine}, sp.shards,
+                                     sp.cfg, pad_id=self.p.pad_id, mesh=self.p.mesh, seed=self.rc.seed,
+                                     state=self.state, show_progress=self.rc.show_progress, on_state=on_state,
+                                     on_step=lambda i, m: self.log.log({"stage": "sft", "sft_step": i, "step": 0, **m}))
+            if sp.cache_save is not None:
+                sp.cache_save(state, self.log.rows[n0:])
+        self.timings["sft_s"] = time.perf_counter() - t
+        self.state = init_train_state(state.params, self.p.rl, self.rc.seed, mesh=self.p.mesh)  # RL optimizer from 0
+        self.cursor.stage, self.cursor.stage_step = self.p.schedule.rl_stages[0], 0
+
+    def start_rl(self) -> None:
+        """The run's two long-lived owners for every RL stage: the rollout service and the learner."""
+        self.rollout, self.eval_engines = self.p.make_rollout()
+        self.learner = Learner(self.p.graphdef, self.state, self.p.learner, pad_id=self.p.pad_id, mesh=self.p.mesh)
+        self.rollout.sync(self.learner.params)
+        states = self.cursor.rollout
+        if states is not None and len(states) == jax.process_count():
+            self.rollout.load_state(states[jax.process_index()])  # the dispatcher's history, as it was
+
+    def evaluate(self, tag: str) -> dict[str, float]:
+        if self.p.eval_problems is None:
+            return {}
+        t = time.perf_counter()
+        _, s = evaluate(self.p.eval_problems, self.eval_engines, self.p.pool, self.p.tokenizer, self.p.reward_fn,
+                        self.p.eval_cfg, seed=self.rc.seed, show_progress=self.rc.show_progress,
+                        out_jsonl=self.rc.out / f"eval_{tag}.jsonl", sharded=True)
+        self.timings[f"eval_{tag}_s"] = time.perf_counter() - t
+        return {"heldout_acc": s["pass@1"], "heldout_tool_error_rate": s["tool_error_rate"],
+                "heldout_response_len": s["mean_response_tokens"]}
+
+    def filter(self) -> None:
+        from rstar2_jax.recipe import filter_unsolved
+
+        pool = list(self.p.schedule.filter_problems())
+        ecfg, k = self.p.schedule.filter_eval()
+        rows, _ = evaluate(pool, self.eval_engines, self.p.pool, self.p.tokenizer, self.p.reward_fn, ecfg,
+                           seed=self.rc.seed, show_progress=self.rc.show_progress, sharded=True)
+        kept = filter_unsolved([str(p.id) for p in pool], [sum(r["correct"]) for r in rows], k)
+        c = self.cursor
+        self.log.log({"stage": "filter", "step": c.global_step, "filter_pool": len(pool), "filter_kept": len(kept)})
+        self.learner.state = reset_optimizer(self.learner.state, self.p.rl)  # the next stage: fresh AdamW moments
+        c.kept_ids = kept
+        c.stage = self.p.schedule.next_stage("filter", c) if kept else "done"
+        c.stage_step, c.problem_cursor, c.trunc_history = 0, 0, []
+        self.save(self.learner.state)
+
+    def rl_step(self, stage: str, compiles: CompileCounter) -> dict[str, Any]:
+        c, sch = self.cursor, self.p.schedule
+        pool = sch.problems(stage, c)
+        batch = [pool[(c.problem_cursor + j) % len(pool)] for j in range(sch.problems_per_step)]
+        t = time.perf_counter()
+        compiles.take()  # this step's compilations only (not the evaluation or checkpoint before it)
+        m, _ = rl_step(self.rollout, self.learner, self.p.reward_fn, batch, seed=step_seed(self.rc.seed,
+                       c.global_step + 1), budget=sch.budget(stage), compiles=compiles)
+        c.problem_cursor += len(batch)
+        c.stage_step += 1
+        c.global_step += 1
+        c.trunc_history = c.trunc_history + [m["truncation_rate"]]
+        row = {"stage": stage, "step": c.global_step, "stage_step": c.stage_step, **m,
+               "step_s": time.perf_counter() - t}
+        new = sch.next_stage(stage, c)
+        if (self.rc.eval_every and c.global_step % self.rc.eval_every == 0) or new == "done":
+            row.update(self.evaluate(f"step{c.global_step}"))
+        self.log.log(row)
+        if new != stage:
+            c.stage, c.stage_step, c.trunc_history = new, 0, []
+            if new == "filter":
+                c.problem_cursor = 0
+        if new != stage or c.global_step % self.rc.ckpt_every == 0:
+            self.save(self.learner.state)
+        return m
+
+    def run(self) -> RunResult:
+        c = self.cursor
+        if c.stage == "sft":
+            self.visited.append("sft")
+            self.sft()
+            fresh_rl = True
+        else:
+            fresh_rl = False
+        if c.stage == "done":
+            return self.result()
+        self.start_rl()
+        if fresh_rl:  # step 0: the SFT policy's evaluation, then the checkpoint that starts RL
+            ev = self.evaluate("sft")
+            if ev:
+                self.log.log({"stage": c.stage, "step": 0, **ev})
+            self.save(self.learner.state)
+        t_rl, compiles = time.perf_counter(), CompileCounter()
+        bar = tqdm(desc="rl", disable=not self.rc.show_progress)
+        while c.stage != "done":
+            if not self.visited or self.visited[-1] != c.stage:
+                self.visited.append(c.stage)
+            if c.stage == "filter":
+                self.filter()
+                continue
+            m = self.rl_step(c.stage, compiles)
+            bar.update(1)
+            bar.set_postfix(stage=self.visited[-1], reward=f"{m['reward']:.2f}", kept=m["n_kept"])
+        bar.close()
+        self.timings["rl_s"] = time.perf_counter() - t_rl
+        return self.result()
+
+    def result(self) -> RunResult:
+        self.ckpt.close()
+        self.log.close()
+        return RunResult(rows=self.log.rows, cursor=self.cursor, visited=self.visited, timings=self.timings,
+                         resumed_from=self.resumed_from)
+
+
+def run(parts: Parts, rc: RunConfig, abstract_state: TrainState) -> RunResult:
+    """Run (or ``rc.resume``) the schedule; see the module docstring. ``abstract_state``: the train
+    state's shapes and shardings (``rl.checkpoint.abstract_train_state``) to restore into.
+
+    Raises ``resume.ResumeError`` (before anything is written) when ``--resume`` cannot continue.
+    """
+    return _Run(parts, rc, abstract_state).run()
+
+
+def rl_rows(rows: Sequence[dict]) -> list[dict]:
+    """The RL step rows (not SFT, filter or evaluation-only rows)."""
+    return [r for r in rows if r.get("stage") not in ("sft", "filter") and "reward" in r]
+
+
+def write_plots(rows: Sequence[dict], out: Path) -> None:
+    if is_main_process():
+        from rstar2_jax.utils.metrics import plot_metrics
+
+        plot_metrics([r for r in rows if r.get("stage") not in ("sft", "filter")], out / "metrics.png")
