@@ -30,7 +30,10 @@ def test_roc_ablation_notebook_runs(tmp_path):
     inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "RESULTS": str(results_path)})
     NotebookClient(nb, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
-    check_results_schema(json.loads(results_path.read_text()), TINY)
+    res = json.loads(results_path.read_text())
+    check_results_schema(res, TINY)
+    # a fresh run saves the kept-set rate too (the positives each mode trained on)
+    assert all("kept_tool_error_rate_pos" in run for per_seed in res["modes"].values() for run in per_seed.values())
     assert (tmp_path / "runs" / "roc_ablation.png").stat().st_size > 0
     # the three modes trained from one cached SFT policy per seed
     assert len(list((tmp_path / "runs" / "sft_cache").iterdir())) == len(TINY["SEEDS"])
@@ -46,11 +49,12 @@ def check_results_schema(res: dict, params: dict) -> None:
     for mode, per_seed in res["modes"].items():
         assert list(per_seed) == [str(s) for s in params["SEEDS"]], mode
         for run in per_seed.values():
-            assert set(run) == {"heldout_acc_sft", "heldout_acc_rl", "steps", "tool_error_rate_pos", "response_len",
-                                "reward"}
+            # kept_tool_error_rate_pos: saved since it was added (the committed results predate it)
+            assert set(run) - {"kept_tool_error_rate_pos"} == {"heldout_acc_sft", "heldout_acc_rl", "steps",
+                                                              "tool_error_rate_pos", "response_len", "reward"}
             assert all(isinstance(run[k], float) and 0.0 <= run[k] <= 1.0 for k in ("heldout_acc_sft", "heldout_acc_rl"))
             assert run["steps"] == list(range(1, params["RL_STEPS"] + 1))
-            for k in ("tool_error_rate_pos", "response_len", "reward"):
+            for k in {"tool_error_rate_pos", "response_len", "reward", "kept_tool_error_rate_pos"} & set(run):
                 assert len(run[k]) == len(run["steps"]), k
                 assert all(v is None or isinstance(v, float) for v in run[k]), k
             assert all(v is not None for v in run["response_len"] + run["reward"])
