@@ -3,7 +3,7 @@
 ``Learner.update(trajectories, seed)`` on one scored rollout batch:
   1. RoC: ``p_total`` of each trajectory (``rl.penalties``), ``roc_downsample`` to G per group
      (groups whose rewards are all equal are dropped);
-  2. group-normalised advantages on the kept G (``rl.group_advantages``);
+  2. advantages on the kept G (``rl.compute_advantages``, by ``AdvantageConfig.kind``; GRPO's by default);
   3. the batch arrays (``[rows, seq_len]``, kept rows padded with zero-mask rows: one compiled
      shape per padded length) and one ``rl.train_step`` update.
 The update is built once, in ``__init__``; ``compiles`` in the loop's metrics checks that no step
@@ -21,8 +21,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rstar2_jax.distributed import allgather_rows, process_local_batch, process_rows
-from rstar2_jax.rl import RLConfig, group_advantages, p_total, roc_downsample
+from rstar2_jax.rl import RLConfig, compute_advantages, p_total, roc_downsample
 from rstar2_jax.rl.penalties import RocRecord
+from rstar2_jax.rl.reference import reference_params
 from rstar2_jax.rl.train_step import TrainState, make_train_step, shard_batch
 from rstar2_jax.rollout.batch import trajectories_to_batch
 from rstar2_jax.rollout.trajectory import Trajectory
@@ -83,9 +84,16 @@ class Learner:
     """
 
     def __init__(self, graphdef: nnx.GraphDef, state: TrainState, cfg: LearnerConfig, *, pad_id: int,
-                 mesh: Mesh | None = None):
+                 mesh: Mesh | None = None, ref_params: nnx.State | None = None):
+        """``ref_params``: π_ref of the KL term (``cfg.rl.loss.kl_coef`` > 0; else unused); by default a
+        fresh state's (step 0) own params. One copy is kept, sharded like the policy."""
         self.graphdef, self.state, self.cfg, self.pad_id, self.mesh = graphdef, state, cfg, pad_id, mesh
-        self._step_fn = make_train_step(graphdef, cfg.rl, mesh=mesh)
+        self.ref_params = None
+        if cfg.rl.loss.uses_reference:
+            if ref_params is None and int(state.step) != 0:
+                raise ValueError("Learner: the KL term needs ref_params (the reference policy) for a resumed state")
+            self.ref_params = reference_params(state.params if ref_params is None else ref_params, like=state.params)
+        self._step_fn = make_train_step(graphdef, cfg.rl, mesh=mesh, ref_params=self.ref_params)
         self.num_processes, self.process_index = jax.process_count(), jax.process_index()
         if self.num_processes > 1:
             if mesh is None:
@@ -116,9 +124,7 @@ class Learner:
         rewards, groups, pt = rec[ok, 1], rec[ok, 2].astype(np.int64), rec[ok, 3]
         kept_sub = roc_downsample(rewards, groups, pt, roc.keep_per_group, seed, roc.mode,
                                   min_per_class=roc.min_per_class, eps=roc.eps)
-        adv_cfg = self.cfg.rl.advantage
-        adv = group_advantages(rewards[kept_sub], groups[kept_sub], scale_by_std=adv_cfg.scale_by_std,
-                               eps=adv_cfg.eps, ddof=adv_cfg.ddof)
+        adv = compute_advantages(rewards[kept_sub], groups[kept_sub], self.cfg.rl.advantage)
         return Selection(kept=ok[kept_sub], advantages=np.asarray(adv, np.float32), offsets=offsets), rec
 
     def _process_rows(self, sel: Selection, p: int) -> np.ndarray:

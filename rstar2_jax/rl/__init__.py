@@ -1,7 +1,8 @@
 """GRPO-RoC (rStar2-Agent §3): pure functions of arrays, plus the jitted train step and checkpoints.
 
 NumPy-only parts (``penalties``, ``roc``, ``advantages``, ``config``) are imported eagerly; the JAX
-parts (``loss``, ``train_step``, ``checkpoint``) load on first attribute access, so host-side code
+parts (``loss``, ``surrogates``, ``kl``, ``reference``, ``train_step``, ``checkpoint``) load on first
+attribute access, so host-side code
 (rollout, data) can use RoC without importing JAX.
 """
 
@@ -9,13 +10,15 @@ from __future__ import annotations
 
 import importlib
 
-from rstar2_jax.rl.advantages import group_advantages, token_advantages
-from rstar2_jax.rl.config import AdvantageConfig, LossConfig, OptimConfig, RLConfig, RocConfig
+from rstar2_jax.rl.advantages import compute_advantages, group_advantages, token_advantages
+from rstar2_jax.rl.config import (AdvantageConfig, AdvantageKind, KLEstimator, LossConfig, LossKind, OptimConfig,
+                                  RLConfig, RocConfig)
 from rstar2_jax.rl.penalties import RocRecord, p_err, p_format, p_format_release, p_total, stack_records
 from rstar2_jax.rl.roc import roc_class_counts, roc_downsample
 
 _LAZY = {
-    "policy_loss": "loss", "aggregate_loss": "loss", "ppo_token_losses": "loss",
+    "policy_loss": "loss", "aggregate_loss": "loss", "ppo_token_losses": "loss", "SURROGATES": "surrogates",
+    "kl_penalty": "kl", "reference_params": "reference",
     "TrainState": "train_step", "make_optimizer": "train_step", "init_train_state": "train_step",
     "make_train_step": "train_step", "make_logprob_fn": "train_step", "reset_optimizer": "train_step",
     "train_state_shardings": "train_step", "shard_batch": "train_step", "host_seed": "train_step",
@@ -30,7 +33,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdvantageConfig", "LossConfig", "OptimConfig", "RLConfig", "RocConfig", "RocRecord",
-    "group_advantages", "token_advantages", "p_err", "p_format", "p_format_release", "p_total", "stack_records",
+    "AdvantageConfig", "AdvantageKind", "KLEstimator", "LossConfig", "LossKind", "OptimConfig", "RLConfig",
+    "RocConfig", "RocRecord", "compute_advantages", "group_advantages", "token_advantages", "p_err", "p_format", "p_format_release", "p_total", "stack_records",
     "roc_class_counts", "roc_downsample", *_LAZY,
 ]

@@ -7,17 +7,69 @@ variants come from ``dataclasses.replace``. No JAX import here.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Any
 
 ROC_MODES = ("paper", "deterministic", "none")
 PENALTY_MODES = ("paper", "release")  # definitions of p_err / p_format (rl/penalties.py)
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 OLD_LOGP_SOURCES = ("recompute", "sampler")
 
 
 def _check(cond: bool, msg: str) -> None:
     if not cond:
         raise ValueError(msg)
+
+
+class LossKind(str, enum.Enum):
+    """Policy surrogate (``rl.surrogates``; docs/design.md §5 has the table of formulas and sources)."""
+
+    PPO_CLIP = "ppo_clip"  # PPO-clip + clip-higher + dual-clip (rStar2-Agent Eq. 2): the default
+    GSPO = "gspo"  # sequence-level, length-normalised ratio clipped per sequence (GSPO, arXiv 2507.18071)
+    GSPO_TOKEN = "gspo_token"  # GSPO's token form: the same value, per-token advantages allowed
+    CISPO = "cispo"  # REINFORCE weighted by a clipped, stop-gradient IS ratio (MiniMax-M1, arXiv 2506.13585)
+    SAPO = "sapo"  # a soft sigmoid gate instead of the hard clip (SAPO, arXiv 2511.20347)
+
+
+class AdvantageKind(str, enum.Enum):
+    """Outcome advantage estimator (``rl.advantages``)."""
+
+    GRPO = "grpo"  # (r - mean_g) / (std_g + ε) (DeepSeekMath; rStar2-Agent Eq. 1): the default
+    DR_GRPO = "dr_grpo"  # r - mean_g (Dr.GRPO, arXiv 2503.20783)
+    RLOO = "rloo"  # r - mean of the other rollouts of the group (RLOO, arXiv 2402.14740)
+    REINFORCE_PP = "reinforce_pp"  # r - mean_g, then normalised over the batch (REINFORCE++, arXiv 2501.03262)
+
+
+class KLEstimator(str, enum.Enum):
+    """Per-token estimator of KL(π_θ || π_ref) from δ = log π_ref - log π_θ (Schulman, "Approximating KL
+    divergence", 2020)."""
+
+    K1 = "k1"  # -δ
+    K2 = "k2"  # δ² / 2
+    K3 = "k3"  # exp(δ) - 1 - δ (non-negative, low variance; verl's "low_var_kl")
+
+
+# Each loss kind's defaults for the fields left None (``LossConfig.resolved``).
+LOSS_KIND_DEFAULTS: dict[LossKind, dict[str, Any]] = {
+    # rStar2-Agent §3: clip-higher 0.2 / 0.28 (DAPO), token-mean over the batch
+    LossKind.PPO_CLIP: dict(eps_low=0.2, eps_high=0.28, agg_mode="token-mean"),
+    # GSPO §5.1: ε_left 3e-4, ε_right 4e-4 on the sequence ratio; the objective is 1/G Σ_i (a sequence mean)
+    LossKind.GSPO: dict(eps_low=3e-4, eps_high=4e-4, agg_mode="seq-mean-token-mean"),
+    LossKind.GSPO_TOKEN: dict(eps_low=3e-4, eps_high=4e-4, agg_mode="seq-mean-token-mean"),
+    # MiniMax-M1 §3.1: no lower bound on the weight (ε_low = 1); the upper bound 1 + 4 = 5 is ScaleRL's
+    # (arXiv 2510.13786; MiniMax-M1 does not publish its ε_high); 1 / Σ_i |o_i| is a token mean
+    LossKind.CISPO: dict(eps_low=1.0, eps_high=4.0, agg_mode="token-mean"),
+    # SAPO has no clip (ε only sets the clip_frac diagnostics); its objective is 1/G Σ_i 1/|y_i| Σ_t
+    LossKind.SAPO: dict(eps_low=0.2, eps_high=0.28, agg_mode="seq-mean-token-mean"),
+}
+
+
+def _as_enum(obj: Any, field: str, enum_cls: type[enum.Enum]) -> None:
+    """Normalise a str field of a frozen dataclass to ``enum_cls`` (JSON round trips give strings)."""
+    value = getattr(obj, field)
+    names = tuple(k.value for k in enum_cls)
+    _check(value in names, f"{field} must be one of {names}, got {value!r}")
+    object.__setattr__(obj, field, enum_cls(value))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -49,34 +101,74 @@ class RocConfig:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class AdvantageConfig:
-    """Group-normalised outcome advantage Â_i = (r_i - mean(r)) / (std(r) + ε) (paper Eq. 1)."""
+    """Outcome advantage Â_i on the kept rollouts (``rl.advantages``; default GRPO, paper Eq. 1):
+    ``kind`` picks the estimator; ``eps`` and ``ddof`` are those of its std, where it has one."""
 
-    scale_by_std: bool = True  # False: Â_i = r_i - mean(r) (Dr.GRPO)
-    eps: float = 1e-6  # ε in the denominator
+    kind: AdvantageKind = AdvantageKind.GRPO  # "grpo" | "dr_grpo" | "rloo" | "reinforce_pp"
+    eps: float = 1e-6  # ε in the denominator (grpo: group std; reinforce_pp: batch std)
     ddof: int = 1  # std's delta degrees of freedom; 1 = unbiased, as torch.std in the released verl code
 
     def __post_init__(self):
+        _as_enum(self, "kind", AdvantageKind)
         _check(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
         _check(self.ddof in (0, 1), f"ddof must be 0 or 1, got {self.ddof}")
+
+    @property
+    def scale_by_std(self) -> bool:
+        """Whether Â divides by the group std: True for GRPO only (the flag this config had before ``kind``)."""
+        return self.kind == AdvantageKind.GRPO
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class LossConfig:
-    """PPO-clip surrogate with clip-higher and dual-clip (paper Eq. 2; no KL, no entropy term)."""
+    """Policy loss (``rl.loss``): surrogate ``kind``, aggregation, optional KL and entropy terms.
 
-    eps_low: float = 0.2  # ε_low: ratio lower clip 1 - ε_low
-    eps_high: float = 0.28  # ε_high: ratio upper clip 1 + ε_high (clip-higher, DAPO)
-    dual_clip_c: float | None = 3.0  # c: for Â < 0 the loss is capped at -c·Â; None disables
-    log_ratio_clamp: float = 20.0  # log π/π_old is clamped to ±this before exp
-    agg_mode: str = "token-mean"  # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum"
+    The default is the paper's (Eq. 2): PPO-clip with clip-higher and dual-clip, token-mean, no KL,
+    no entropy term. ``eps_low`` / ``eps_high`` / ``agg_mode`` left None take the kind's defaults
+    (``LOSS_KIND_DEFAULTS``, read through :meth:`resolved`), so ``dataclasses.replace(cfg,
+    kind="gspo")`` gets GSPO's small epsilons unless they were set explicitly.
+    """
+
+    kind: LossKind = LossKind.PPO_CLIP  # "ppo_clip" | "gspo" | "gspo_token" | "cispo" | "sapo"
+    eps_low: float | None = None  # ε_low: ratio (or IS weight) lower clip 1 - ε_low; None = the kind's
+    eps_high: float | None = None  # ε_high: upper clip 1 + ε_high (clip-higher, DAPO); None = the kind's
+    dual_clip_c: float | None = 3.0  # ppo_clip only: for Â < 0 the loss is capped at -c·Â; None disables
+    log_ratio_clamp: float = 20.0  # log π/π_old (and log π_ref/π_θ) is clamped to ±this before exp
+    # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum" | "seq-mean-token-sum-norm"; None = the kind's
+    agg_mode: str | None = None
+    norm_len: int | None = None  # L_max of "seq-mean-token-sum-norm" (Dr.GRPO's constant, e.g. the budget)
+    sapo_tau_pos: float = 1.0  # SAPO gate temperature τ for Â > 0 (SAPO paper)
+    sapo_tau_neg: float = 1.05  # SAPO gate temperature τ for Â <= 0 (τ_neg > τ_pos damps negatives faster)
+    kl_coef: float = 0.0  # β of the KL penalty to the frozen reference; 0 = off (the paper)
+    kl_estimator: KLEstimator = KLEstimator.K3  # "k1" | "k2" | "k3"
+    entropy_coef: float = 0.0  # c_H of the entropy bonus -c_H·H_t; 0 = off (the paper)
 
     def __post_init__(self):
-        _check(0 <= self.eps_low < 1, f"eps_low must be in [0, 1), got {self.eps_low}")
-        _check(self.eps_high >= 0, f"eps_high must be >= 0, got {self.eps_high}")
+        _as_enum(self, "kind", LossKind)
+        _as_enum(self, "kl_estimator", KLEstimator)
+        r = self.resolved()
+        _check(0 <= r.eps_low <= 1, f"eps_low must be in [0, 1], got {r.eps_low}")
+        _check(r.eps_high >= 0, f"eps_high must be >= 0, got {r.eps_high}")
         _check(self.dual_clip_c is None or self.dual_clip_c > 1,
                f"dual_clip_c must be None or > 1, got {self.dual_clip_c}")
         _check(self.log_ratio_clamp > 0, f"log_ratio_clamp must be > 0, got {self.log_ratio_clamp}")
-        _check(self.agg_mode in AGG_MODES, f"agg_mode must be one of {AGG_MODES}, got {self.agg_mode!r}")
+        _check(r.agg_mode in AGG_MODES, f"agg_mode must be one of {AGG_MODES}, got {r.agg_mode!r}")
+        _check(r.agg_mode != "seq-mean-token-sum-norm" or (isinstance(self.norm_len, int) and self.norm_len >= 1),
+               f"norm_len must be an int >= 1 with agg_mode 'seq-mean-token-sum-norm', got {self.norm_len!r}")
+        _check(self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0,
+               f"sapo_tau_pos and sapo_tau_neg must be > 0, got {self.sapo_tau_pos}, {self.sapo_tau_neg}")
+        _check(self.kl_coef >= 0, f"kl_coef must be >= 0, got {self.kl_coef}")
+        _check(self.entropy_coef >= 0, f"entropy_coef must be >= 0, got {self.entropy_coef}")
+
+    def resolved(self) -> "LossConfig":
+        """This config with its None fields filled from ``LOSS_KIND_DEFAULTS[kind]`` (what the loss reads)."""
+        fill = {k: v for k, v in LOSS_KIND_DEFAULTS[LossKind(self.kind)].items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **fill) if fill else self
+
+    @property
+    def uses_reference(self) -> bool:
+        """True when the KL term is on: the step then computes log π_ref with the reference params."""
+        return self.kl_coef > 0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,7 +202,7 @@ class RLConfig:
     micro_batch_size: int | None = None  # rows per micro-batch (grad accumulation); None = whole batch
     logprob_chunk_size: int = 128  # token chunk for log-probs (never materialise [B,T,V])
     old_logp_source: str = "recompute"  # "recompute": trainer's no-grad pass; "sampler": batch["old_logp"]
-    compute_entropy: bool = False  # report policy entropy (a metric only; never in the loss)
+    compute_entropy: bool = False  # report policy entropy (a metric; computed anyway when loss.entropy_coef > 0)
     # τ of the trained policy softmax(logits/τ): set it to the rollout sampler's temperature so the
     # importance ratios and the gradient are those of the distribution the rollouts were drawn from
     # (as verl divides logits by the rollout temperature). Greedy decoding is unchanged by τ.
@@ -128,6 +220,11 @@ class RLConfig:
                f"temperature={self.temperature} needs old_logp_source='recompute': sampler log-probs are "
                "those of the temperature-1 policy")
 
+    @property
+    def with_entropy(self) -> bool:
+        """Whether the step computes the per-token entropy (a metric, or the loss's entropy bonus)."""
+        return self.compute_entropy or self.loss.entropy_coef > 0
+
     @classmethod
     def tiny(cls) -> "RLConfig":
         """Small-scale preset for tests and the CPU demo: G=4, faster lr, no warm-up."""
@@ -142,5 +239,10 @@ class RLConfig:
     def from_json_dict(cls, d: dict[str, Any]) -> "RLConfig":
         """Inverse of :meth:`to_json_dict`."""
         sub = {"roc": RocConfig, "advantage": AdvantageConfig, "loss": LossConfig, "optim": OptimConfig}
+        d = dict(d)
+        if "scale_by_std" in d.get("advantage", {}):  # written before AdvantageConfig.kind existed
+            adv = dict(d["advantage"])
+            adv["kind"] = AdvantageKind.GRPO if adv.pop("scale_by_std") else AdvantageKind.DR_GRPO
+            d["advantage"] = adv
         kw = {k: (sub[k](**v) if k in sub else v) for k, v in d.items()}
         return cls(**kw)

@@ -11,7 +11,8 @@ One call of the step returned by :func:`make_train_step` does, for a batch of B 
 
 Batch: a dict of arrays ``tokens`` [B,T] int32, ``targets`` [B,T] int32 (tokens shifted left),
 ``loss_mask`` [B,T] float (0 on prompt and tool-response tokens), ``advantages`` [B] or [B,T];
-optional ``positions`` [B,T], ``segment_ids`` [B,T] (packing; 0 = padding), ``old_logp`` [B,T].
+optional ``positions`` [B,T], ``segment_ids`` [B,T] (packing; 0 = padding), ``old_logp`` [B,T],
+``ref_logp`` [B,T] (log π_ref: the step computes it with the reference params when ``loss.kl_coef`` > 0).
 
 Sharding: params carry their ``NamedSharding`` (``model.shard_params``), the batch is split over
 ("data","fsdp") (:func:`shard_batch`), and the step is jitted with the state's shardings as in and
@@ -40,7 +41,7 @@ from rstar2_jax.rl.loss import policy_loss
 
 Batch = dict[str, jax.Array]
 BATCH_KEYS = ("tokens", "targets", "loss_mask", "advantages")  # required
-OPTIONAL_KEYS = ("positions", "segment_ids", "old_logp")
+OPTIONAL_KEYS = ("positions", "segment_ids", "old_logp", "ref_logp")
 
 
 @jax.tree_util.register_dataclass
@@ -167,11 +168,11 @@ def split_micro(batch: Batch, micro_batch_size: int | None) -> tuple[Batch, int]
 def micro_loss_and_grad(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, cfg: RLConfig):
     """((S_k, D_k), metrics_k), ∇_θ S_k for one micro-batch (``rl.loss`` for S, D)."""
     def s_fn(p):
-        out = batch_logprobs(graphdef, p, mb, chunk_size=cfg.logprob_chunk_size, with_entropy=cfg.compute_entropy,
+        out = batch_logprobs(graphdef, p, mb, chunk_size=cfg.logprob_chunk_size, with_entropy=cfg.with_entropy,
                              temperature=cfg.temperature)
-        logp, ent = out if cfg.compute_entropy else (out, None)
+        logp, ent = out if cfg.with_entropy else (out, None)
         (s, d), metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"], cfg.loss, ent,
-                                      segment_ids_bt=mb.get("segment_ids"))
+                                      segment_ids_bt=mb.get("segment_ids"), ref_logp_bt=mb.get("ref_logp"))
         return s, (d, metrics)
     (s, (d, metrics)), grads = jax.value_and_grad(s_fn, has_aux=True)(params)
     return (s, d), metrics, grads
@@ -193,7 +194,8 @@ def _accumulate(graphdef, params, batch: Batch, cfg: RLConfig):
 
     bt = micro["tokens"].shape[1:]
     names = jax.eval_shape(lambda: policy_loss(jnp.zeros(bt), jnp.zeros(bt), jnp.zeros(bt[:1]), jnp.zeros(bt),
-                                               cfg.loss, jnp.zeros(bt) if cfg.compute_entropy else None)[1])
+                                               cfg.loss, jnp.zeros(bt) if cfg.with_entropy else None,
+                                               ref_logp_bt=jnp.zeros(bt) if cfg.loss.uses_reference else None)[1])
     m0 = {k: jnp.full((), -jnp.inf if k == "ratio_max" else 0.0, jnp.float32) for k in names}
     (s, d, g, m), _ = jax.lax.scan(body, (jnp.zeros(()), jnp.zeros(()), zeros, m0), micro, length=n)
     n_tok = jnp.maximum(m["n_tokens"], 1.0)
@@ -243,7 +245,8 @@ def make_logprob_fn(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
 
 
 def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None = None,
-                    state_shardings: TrainState | None = None, donate: bool = True
+                    state_shardings: TrainState | None = None, donate: bool = True,
+                    ref_params: nnx.State | None = None
                     ) -> Callable[[TrainState, Batch], tuple[TrainState, dict[str, jax.Array]]]:
     """``step(state, batch) -> (state, metrics)``: old log-probs (per ``cfg.old_logp_source``), then
     the jitted :func:`train_step`. With ``"recompute"`` a ``batch["old_logp"]`` is ignored (replaced
@@ -252,7 +255,11 @@ def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
     With ``mesh``, the calls run under ``jax.set_mesh(mesh)`` and the update is jitted with
     ``state_shardings`` (default: :func:`train_state_shardings` of the first state seen) as in and
     out shardings. ``donate=True`` donates the input state's buffers: do not reuse it after the call.
+    With ``cfg.loss.kl_coef`` > 0, ``ref_params`` (the frozen reference, e.g. from ``rl.reference``) is
+    required and ``batch["ref_logp"]`` is its no-grad pass; otherwise no reference pass runs.
     """
+    if cfg.loss.uses_reference and ref_params is None:
+        raise ValueError(f"loss.kl_coef={cfg.loss.kl_coef} needs ref_params (the frozen reference policy)")
     logprob_fn = make_logprob_fn(graphdef, cfg, mesh=mesh)
     update = jit_state_update(functools.partial(train_step, graphdef=graphdef, cfg=cfg), cfg, mesh=mesh,
                               state_shardings=state_shardings, donate=donate)
@@ -261,6 +268,8 @@ def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
         _check_batch(batch, need_old=cfg.old_logp_source == "sampler")
         if cfg.old_logp_source == "recompute":
             batch = {**batch, "old_logp": logprob_fn(state.params, batch)}
+        if cfg.loss.uses_reference:
+            batch = {**batch, "ref_logp": logprob_fn(ref_params, batch)}
         return update(state, batch)
     return step
 

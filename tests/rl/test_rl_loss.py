@@ -8,12 +8,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.rl.config import AGG_MODES, LossConfig
+from rstar2_jax.rl.config import AGG_MODES, LossConfig, LossKind
 from rstar2_jax.rl.loss import policy_loss
+
+
+def _cfg(mode, **kw):
+    """LossConfig for an aggregation mode (Dr.GRPO's constant normaliser needs L_max = norm_len)."""
+    return LossConfig(agg_mode=mode, norm_len=8 if mode == "seq-mean-token-sum-norm" else None, **kw)
 
 
 def _np_reference(logp, old, adv_b, mask, cfg):
     """Token-by-token loops, straight from the formula (float64)."""
+    cfg = cfg.resolved()
     b, t = logp.shape
     tok = np.zeros((b, t))
     for i in range(b):
@@ -30,6 +36,8 @@ def _np_reference(logp, old, adv_b, mask, cfg):
     per_seq = (tok * mask).sum(1)
     if cfg.agg_mode == "seq-mean-token-mean":
         per_seq = per_seq / np.maximum(n_b, 1)
+    if cfg.agg_mode == "seq-mean-token-sum-norm":
+        per_seq = per_seq / cfg.norm_len
     return per_seq[n_b > 0].sum() / (n_b > 0).sum()
 
 
@@ -60,9 +68,10 @@ def test_hand_computed_seq_modes_and_mask():
     mask = jnp.array([[1, 1, 0], [1, 0, 0], [0, 0, 0]], jnp.float32)
     adv = jnp.array([2.0, -1.0, 5.0])
     z = jnp.zeros((3, 3))
+    # seq-mean-token-sum-norm, L_max = 8: (-4 + 1) / (2 seqs · 8) = -3 / 16
     for mode, (want_s, want_d) in {"token-mean": (-3, 3), "seq-mean-token-mean": (-1, 2),
-                                   "seq-mean-token-sum": (-3, 2)}.items():
-        (s, d), _ = policy_loss(z, z, adv, mask, LossConfig(agg_mode=mode))
+                                   "seq-mean-token-sum": (-3, 2), "seq-mean-token-sum-norm": (-3, 16)}.items():
+        (s, d), _ = policy_loss(z, z, adv, mask, _cfg(mode))
         assert (float(s), float(d)) == (want_s, want_d), mode
 
 
@@ -80,7 +89,7 @@ def _random_inputs(seed, b=6, t=7):
 
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_matches_numpy_reference(mode):
-    cfg = LossConfig(agg_mode=mode)
+    cfg = _cfg(mode)
     for seed in range(3):
         logp, old, adv, mask = _random_inputs(seed)
         want = _np_reference(logp, old, adv, mask, cfg)
@@ -98,7 +107,7 @@ def test_token_level_advantages_equal_broadcast():
 
 @pytest.mark.parametrize("mode", AGG_MODES)
 def test_gradient_matches_finite_differences(mode):
-    cfg = LossConfig(agg_mode=mode)
+    cfg = _cfg(mode)
     logp, old, adv, mask = _random_inputs(11)
     as32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
 
@@ -122,7 +131,7 @@ def test_gradient_matches_finite_differences(mode):
 def test_accumulation_over_micro_batches_equals_full_batch(mode):
     # A shared parameter w [T] feeds every row: logp = base + 0.3·tanh(x·w). Full-batch loss and
     # gradient equal Σ_k S_k / Σ_k D_k and Σ_k ∇S_k / Σ_k D_k over 4 micro-batches of 2 rows.
-    cfg = LossConfig(agg_mode=mode)
+    cfg = _cfg(mode)
     rng = np.random.default_rng(3)
     b, t = 8, 5
     base, x = jnp.asarray(-rng.random((b, t)), jnp.float32), jnp.asarray(rng.normal(size=(b, t)), jnp.float32)
@@ -160,6 +169,10 @@ def test_metrics_without_dual_clip_and_with_entropy():
 def test_config_validation():
     with pytest.raises(ValueError, match="agg_mode"):
         LossConfig(agg_mode="sum")
+    with pytest.raises(ValueError, match="norm_len"):
+        LossConfig(agg_mode="seq-mean-token-sum-norm")
+    with pytest.raises(ValueError, match="kind"):
+        LossConfig(kind="ppo")
     with pytest.raises(ValueError):
         LossConfig(dual_clip_c=0.5)
 
@@ -207,9 +220,11 @@ def _packed_and_unpacked(seed=7):
     return jnp.asarray(v, jnp.float32), out
 
 
+@pytest.mark.parametrize("kind", list(LossKind))
 @pytest.mark.parametrize("mode", AGG_MODES)
-def test_packed_rows_equal_one_sequence_per_row(mode):
-    cfg = LossConfig(agg_mode=mode)
+def test_packed_rows_equal_one_sequence_per_row(mode, kind):
+    # every kind: GSPO's sequence ratio is per segment too (ε wide enough that some sequences are unclipped)
+    cfg = _cfg(mode, kind=kind, eps_low=0.3, eps_high=0.3)
     v, lay = _packed_and_unpacked()
     res = {}
     for name, x in lay.items():
@@ -220,8 +235,8 @@ def test_packed_rows_equal_one_sequence_per_row(mode):
         res[name] = (float(s), float(d), np.asarray(g))
     (s_u, d_u, g_u), (s_p, d_p, g_p) = res["unpacked"], res["packed"]
     assert d_p == d_u  # the trained-token count, or the 4 sequences with a trained token
-    if mode != "token-mean":
-        assert d_u == 4.0  # trajectory 3 has no trained token
+    if mode != "token-mean":  # trajectory 3 has no trained token; Dr.GRPO's D is L_max = 8 per sequence
+        assert d_u == 4.0 * (8 if mode == "seq-mean-token-sum-norm" else 1)
     np.testing.assert_allclose(s_p, s_u, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(g_p, g_u, rtol=1e-6, atol=1e-7)
 
@@ -231,8 +246,9 @@ def test_packed_padding_is_never_trained():
     # A=1, ρ=1 -> ℓ = -1 on the two real tokens: token-mean S = -2, D = 2; seq-mean: one sequence.
     z = jnp.zeros((1, 4))
     seg = jnp.array([[1, 1, 0, 0]])
-    for mode, want in {"token-mean": (-2, 2), "seq-mean-token-mean": (-1, 1), "seq-mean-token-sum": (-2, 1)}.items():
-        (s, d), m = policy_loss(z, z, jnp.array([1.0]), jnp.ones((1, 4)), LossConfig(agg_mode=mode),
+    for mode, want in {"token-mean": (-2, 2), "seq-mean-token-mean": (-1, 1), "seq-mean-token-sum": (-2, 1),
+                       "seq-mean-token-sum-norm": (-2, 8)}.items():
+        (s, d), m = policy_loss(z, z, jnp.array([1.0]), jnp.ones((1, 4)), _cfg(mode),
                                 segment_ids_bt=seg)
         assert (float(s), float(d)) == want, mode
         assert float(m["n_tokens"]) == 2.0
