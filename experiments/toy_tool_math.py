@@ -54,6 +54,8 @@ from rstar2_jax.rollout.weight_sync import WeightSync  # noqa: E402
 from rstar2_jax.sampling.placement import PlacementConfig, plan_placement  # noqa: E402
 from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, run, write_plots  # noqa: E402
 from rstar2_jax.run.resume import ResumeError  # noqa: E402
+from rstar2_jax.run.scripted import mixed_script  # noqa: E402
+from rstar2_jax.rollout.scripted import ScriptedPolicy  # noqa: E402
 
 ROC_MODES = ("paper", "deterministic", "none")
 
@@ -103,6 +105,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--exec-time", type=int, default=0, choices=(0, 1),
                     help="1: tool responses report execution time (as rStar2's full template); "
                          "0 (toy default): reproducible tool text, so --resume reproduces a run exactly")
+    ap.add_argument("--scripted-policy", action="store_true",
+                    help="RL rollouts from a scripted policy over the real engines (a real tool call, then the right "
+                         "answer for even samples, a wrong one for odd): every step updates; for tests (the golden)")
     ap.add_argument("--ckpt-every", type=int, default=5, help="RL steps between checkpoints")
     ap.add_argument("--ckpt-every-sft", type=int, default=20, help="SFT steps between checkpoints")
     ap.add_argument("--resume", action="store_true",
@@ -126,7 +131,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 0:
             errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.old_logp is None:
-        args.old_logp = "sampler" if args.temperature == 1.0 else "recompute"
+        args.old_logp = "sampler" if args.temperature == 1.0 and not args.scripted_policy else "recompute"
+    if args.scripted_policy and args.old_logp == "sampler":
+        errors.append("--scripted-policy needs --old-logp recompute (the sampler's log-probs are not the script's)")
     if args.old_logp == "sampler" and args.temperature != 1.0:
         errors.append(f"--old-logp sampler needs --temperature 1 (sampler log-probs are temperature-1), "
                       f"got {args.temperature}")
@@ -252,7 +259,11 @@ def main(argv: list[str] | None = None) -> dict:
             engines = make_engines(graphdef, params, mcfg, args, max_seq_len, tok)
             rollout_cfg = RolloutConfig(n_samples=2 * args.group, budget=args.budget, template=tpl,
                                         sampler=Temperature(temperature=args.temperature))
-            return Rollout(engines, pool, tok, rollout_cfg), engines
+            rl_engines = engines
+            if args.scripted_policy:  # held-out evaluation still samples the trained policy
+                script = mixed_script(rl_problems, tok, tpl)
+                rl_engines = [ScriptedPolicy(e, script) for e in engines]
+            return Rollout(rl_engines, pool, tok, rollout_cfg), engines
 
         parts = Parts(
             graphdef=graphdef, params=params, mesh=None, rl=rl_cfg, pad_id=tok.pad_id,

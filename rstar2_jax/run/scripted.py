@@ -1,0 +1,38 @@
+"""The mixed script: a scripted policy (``rollout.scripted.ScriptedPolicy``) under which every RL
+group holds right and wrong answers, so every step keeps rows and updates.
+
+Turn 0 calls the Python tool with the problem's own program (a toy problem's ``code``: it runs in the
+sandbox for real); turn 1 boxes the gold answer (even samples) or gold + 1 (odd samples). Used by
+the recipe's ``--dry-run`` (a random policy never earns a reward) and the demo's ``--scripted-policy``
+(its golden test: the updates, RoC and resume of steps that train).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable, Sequence
+
+from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
+
+
+def _code(p: Any) -> str:
+    code = getattr(p, "code", None) or getattr(p, "meta", {}).get("code")
+    if not code:
+        raise ValueError(f"mixed_script: problem {getattr(p, 'id', p)!r} has no 'code' (toy problems carry one)")
+    return code
+
+
+def mixed_script(problems: Sequence[Any], tok: Any, tpl: TemplateConfig) -> Callable[[tuple[int, ...], int, int],
+                                                                                    list[int]]:
+    """``script(prompt ids, child, turn) -> ids`` for ``problems`` (integer answers)."""
+    by_prompt = {tuple(tok.encode(render_prompt(p.problem, tpl))): p for p in problems}
+
+    def script(prompt: tuple[int, ...], child: int, turn: int) -> list[int]:
+        p = by_prompt[prompt]
+        if turn == 0:
+            call = json.dumps({"name": TOOL_NAME, "arguments": {"code": _code(p), "input": ""}})
+            return tok.encode(f"Use python.\n<tool_call>{call}</tool_call>")
+        value = p.answer if child % 2 == 0 else str(int(p.answer) + 1)
+        return tok.encode(f"Done.</reason><answer>\\boxed{{{value}}}</answer><|im_end|>")
+
+    return script
