@@ -19,39 +19,36 @@ import argparse
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
 from flax import nnx
-from tqdm.auto import tqdm
 
 from rstar2_jax import distributed
-from rstar2_jax.config import ModelConfig
-from rstar2_jax.data.chat import load_chat_jsonl, render_records
-from rstar2_jax.data.datasets import load_dataset, write_jsonl
-from rstar2_jax.eval import EvalConfig, evaluate
+from rstar2_jax.config import MeshConfig, ModelConfig
+from rstar2_jax.data.chat import render_records, validate_record
+from rstar2_jax.data.datasets import iter_jsonl, load_dataset, write_jsonl
+from rstar2_jax.eval import EvalConfig
+from rstar2_jax.learner import LearnerConfig
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
-from rstar2_jax.recipe import STAGES, RecipeConfig, filter_unsolved, next_stage
+from rstar2_jax.recipe import STAGES, RecipeConfig, RecipeSchedule
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
-from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
-from rstar2_jax.rl.train_step import init_train_state, reset_optimizer
-from rstar2_jax.learner import Learner, LearnerConfig
-from rstar2_jax.loop import rl_step
+from rstar2_jax.rl.checkpoint import abstract_train_state
 from rstar2_jax.rollout.dispatcher import RolloutConfig
 from rstar2_jax.rollout.scripted import ScriptedPolicy
 from rstar2_jax.rollout.service import Rollout
+from rstar2_jax.rollout.template import TemplateConfig, render_prompt
 from rstar2_jax.rollout.weight_sync import WeightSync
-from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
-from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature
+from rstar2_jax.run.driver import Parts, RunConfig, SFTPart, rl_rows, run, write_plots
+from rstar2_jax.run.resume import ResumeError
+from rstar2_jax.run.scripted import mixed_script
+from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Temperature
 from rstar2_jax.sampling.placement import plan_placement
 from rstar2_jax.sandbox import SandboxLimits
 from rstar2_jax.sandbox.backend import open_pool
-from rstar2_jax.sft import SFTConfig, train_sft
+from rstar2_jax.sft import SFTConfig, shard_owner
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
-from rstar2_jax.utils.compiles import CompileCounter
-from rstar2_jax.utils.metrics import MetricsLogger, plot_metrics
 
 
 def parse_args(argv):
@@ -60,7 +57,13 @@ def parse_args(argv):
     ap.add_argument("--dry-run", action="store_true", help="tiny random policy on CPU, every stage")
     ap.add_argument("--out", default="runs/rstar2_recipe")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out; refuses "
+                    "(non-zero exit, nothing written) when none restores or the configuration differs")
+    ap.add_argument("--allow-changed", default="", help="--resume: config fields allowed to differ, comma-separated "
+                    "(e.g. ckpt_every,eval_every)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
+                    help="override one config field (repeatable), e.g. --set stage1_max_steps=1 --set eval_every=null")
+    ap.add_argument("--log", default="", help="extra metrics sinks besides metrics.jsonl: tensorboard, wandb")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--engines", type=int, default=None, help="engines per process (default: the config's; "
                     "null there = local devices // devices-per-engine)")
@@ -72,195 +75,182 @@ def parse_args(argv):
     args = ap.parse_args(argv)
     if not args.dry_run and not args.config:
         ap.error("give --config PATH (full scale) or --dry-run")
+    sets = {}
+    for item in args.set:
+        key, eq, value = item.partition("=")
+        if not eq:
+            ap.error(f"--set {item!r}: expected FIELD=JSON")
+        try:
+            sets[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            sets[key.strip()] = value  # a bare string
+    args.set = sets
+    args.allow_changed = tuple(x.strip() for x in args.allow_changed.split(",") if x.strip())
+    args.log = tuple(x.strip() for x in args.log.split(",") if x.strip())
     return args
 
 
-def setup_dry_run(cfg: RecipeConfig, out: Path, pool, seed: int):
-    """Tiny random policy + byte tokenizer; toy SFT traces written as chat JSONL; toy RL problems."""
+def write_once(path: Path, records) -> None:
+    """Process 0 writes a dry-run data file unless present (a resume writes nothing); all wait."""
+    if distributed.is_main_process() and not path.exists():
+        write_jsonl(path, records)
+    distributed.sync(f"write {path.name}")
+
+
+def dry_run_data(out: Path, pool, seed: int) -> tuple[str, str, str]:
+    """Toy SFT traces as chat JSONL, toy RL problems and held-out problems (files in ``out``)."""
     from rstar2_jax.data.sft_traces import build_traces
     from rstar2_jax.data.toy import make_splits
 
-    tok = ByteTokenizer()
     tpl = TemplateConfig.toy(report_exec_time=False)
-    train, _ = make_splits(seed, 24, 4)
-    write_jsonl(out / "dry_sft.jsonl", build_traces(train[:6], pool=pool, template_cfg=tpl, seed=seed))
-    write_jsonl(out / "dry_rl.jsonl", [p.to_record() for p in train[6:]])
-    mcfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
-    graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(seed)))
-    return graphdef, params, mcfg, tok, tpl, str(out / "dry_sft.jsonl"), str(out / "dry_rl.jsonl")
+    train, heldout = make_splits(seed, 24, 4)
+    paths = out / "dry_sft.jsonl", out / "dry_rl.jsonl", out / "dry_eval.jsonl"
+    if not all(p.exists() for p in paths):
+        out.mkdir(parents=True, exist_ok=True)
+    write_once(paths[0], build_traces(train[:6], pool=pool, template_cfg=tpl, seed=seed)
+               if not paths[0].exists() else [])
+    write_once(paths[1], [p.to_record() for p in train[6:]])
+    write_once(paths[2], [p.to_record() for p in heldout])
+    return tuple(str(p) for p in paths)
 
 
-def dry_run_script(problems, tok, tpl: TemplateConfig):
-    """The dry-run's scripted policy: turn 0 calls the tool with the problem's code; turn 1 boxes
-    the gold (even samples) or gold + 1 (odd samples), so every group is mixed."""
-    by_prompt = {tuple(tok.encode(render_prompt(p.problem, tpl))): p for p in problems}
-
-    def script(prompt: tuple[int, ...], child: int, turn: int) -> list[int]:
-        p = by_prompt[prompt]
-        if turn == 0:
-            call = json.dumps({"name": TOOL_NAME, "arguments": {"code": p.meta["code"], "input": ""}})
-            return tok.encode(f"Use python.\n<tool_call>{call}</tool_call>")
-        value = p.answer if child % 2 == 0 else str(int(p.answer) + 1)
-        return tok.encode(f"Done.</reason><answer>\\boxed{{{value}}}</answer><|im_end|>")
-
-    return script
-
-
-def setup_full(cfg: RecipeConfig, mesh):
-    from rstar2_jax.model.hf_io import load_hf
-
-    if not cfg.model_path:
-        raise SystemExit("config: model_path (a local HF directory) is required")
-    graphdef, params, mcfg = load_hf(cfg.model_path, mesh=mesh, dtype=cfg.dtype)
-    tpl = TemplateConfig() if cfg.template == "full" else TemplateConfig.toy()
-    return graphdef, params, mcfg, HFTokenizer(cfg.model_path), tpl, cfg.sft_data, cfg.rl_data
+dry_run_script = mixed_script  # the dry-run's scripted policy (rstar2_jax/run/scripted.py)
 
 
 def rl_config(cfg: RecipeConfig) -> RLConfig:
     return RLConfig(roc=RocConfig(keep_per_group=cfg.group, mode=cfg.roc_mode),
-                    optim=OptimConfig(lr=cfg.rl_lr, warmup_steps=cfg.warmup_steps))
+                    optim=OptimConfig(lr=cfg.rl_lr, warmup_steps=cfg.warmup_steps),
+                    temperature=cfg.temperature)
+
+
+def load_config(args) -> RecipeConfig:
+    """The config, every field checked before anything loads (errors name the field and the file)."""
+    overrides = {k: v for k, v in (("engines", args.engines), ("devices_per_engine", args.devices_per_engine),
+                                   ("engine_weight_dtype", args.engine_weight_dtype),
+                                   ("sandbox_backend", args.sandbox_backend), ("ray_address", args.ray_address))
+                 if v is not None}
+    if args.dry_run and args.devices_per_engine is None and jax.local_device_count() % 2 == 0:
+        overrides["devices_per_engine"] = 2  # the dry-run's engines are tensor-parallel where they can be
+    known = {f.name for f in dataclasses.fields(RecipeConfig)}
+    unknown = sorted(set(args.set) - known)
+    if unknown:
+        raise SystemExit(f"config error: --set {unknown[0]}: unknown field (known: {sorted(known)})")
+    overrides.update(args.set)
+    if isinstance(overrides.get("mesh"), dict):
+        overrides["mesh"] = MeshConfig(**overrides["mesh"])
+    try:
+        return RecipeConfig.dry_run(**overrides) if args.dry_run else RecipeConfig.from_json(args.config, **overrides)
+    except ValueError as e:
+        raise SystemExit(f"config error: {e}") from None
+
+
+def check_devices(cfg: RecipeConfig) -> tuple[int, int, int]:
+    """The mesh against the global device count (every process's), the SFT shards against the process
+    count; errors name the numbers."""
+    n, p = jax.device_count(), jax.process_count()
+    try:
+        shape = cfg.mesh.shape(n)
+    except ValueError as e:
+        raise SystemExit(f"config error: mesh {dataclasses.asdict(cfg.mesh)} does not fit this run's {n} devices "
+                         f"({p} processes x {jax.local_device_count()} local): {e}") from None
+    shards = cfg.sft_shards or p
+    if shards % p:
+        raise SystemExit(f"config error: sft_shards = {shards} is not a multiple of the {p} processes")
+    if cfg.problems_per_step % p:
+        raise SystemExit(f"config error: problems_per_step = {cfg.problems_per_step} does not split over {p} processes")
+    return shape
 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    setup = distributed.initialize()  # a no-op for one process
-    overrides = {k: v for k, v in (("engines", args.engines), ("devices_per_engine", args.devices_per_engine),
-                                   ("engine_weight_dtype", args.engine_weight_dtype)) if v is not None}
-    if args.dry_run and args.devices_per_engine is None and jax.local_device_count() % 2 == 0:
-        overrides["devices_per_engine"] = 2  # the dry-run's engines are tensor-parallel where they can be
-    cfg = RecipeConfig.dry_run(**overrides) if args.dry_run else RecipeConfig.from_json(args.config, **overrides)
-    if setup.multi:
-        raise SystemExit("rstar2_recipe.py runs in one process (its checkpoints and evaluation are single-process); "
-                         "multi-process rollouts and updates: see docs/multihost.md")
-    backend = {k: v for k, v in (("sandbox_backend", args.sandbox_backend), ("ray_address", args.ray_address))
-               if v is not None}
-    cfg = dataclasses.replace(cfg, **backend) if backend else cfg
+    distributed.initialize()  # every process runs this script; a no-op for one process
+    cfg = load_config(args)
+    shape = check_devices(cfg)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "recipe_config.json").write_text(json.dumps(cfg.to_json(), indent=2, default=str))
-    show = not args.no_progress
-    mesh = None if args.dry_run else make_mesh(cfg.mesh)
+    show = not args.no_progress and distributed.is_main_process()
+    tpl = TemplateConfig.toy(report_exec_time=False) if args.dry_run or cfg.template == "toy" else TemplateConfig()
     limits = SandboxLimits(wall_s=5.0, cpu_s=5.0, memory_mb=2048, preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
     with open_pool(cfg.sandbox_backend, workers=cfg.sandbox_workers, limits=limits,
                    ray_address=cfg.ray_address) as pool:
-        if args.dry_run:
-            graphdef, params, mcfg, tok, tpl, sft_path, rl_path = setup_dry_run(cfg, out, pool, args.seed)
-        else:
-            graphdef, params, mcfg, tok, tpl, sft_path, rl_path = setup_full(cfg, mesh)
-        reward_fn = RewardFn(pool=pool).batch
+        sft_path, rl_path, eval_path = dry_run_data(out, pool, args.seed) if args.dry_run else (
+            cfg.sft_data, cfg.rl_data, cfg.eval_data)
+        # the data, before the model: every problem file whole, this process's SFT shards
         problems = load_dataset(rl_path)
-        by_id = {p.id: p for p in problems}
+        eval_problems = load_dataset(eval_path) if eval_path else None
+        shards = cfg.sft_shards or jax.process_count()
+        mine = shard_owner(shards, jax.process_count(), jax.process_index())
+        records = {s: [validate_record(obj, path=sft_path, line=line, template_cfg=tpl)
+                       for line, obj in iter_jsonl(sft_path, shard=(s, shards))] for s in mine}
+        mesh = make_mesh(cfg.mesh)
+        if args.dry_run:
+            tok = ByteTokenizer()
+            mcfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
+            graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
+            params = distributed.global_params(params, mesh)
+        else:
+            from rstar2_jax.model.hf_io import load_hf
+            graphdef, params, mcfg = load_hf(cfg.model_path, mesh=mesh, dtype=cfg.dtype)
+            tok = HFTokenizer(cfg.model_path)
+        reward_fn = RewardFn(pool=pool).batch
         rl_cfg = rl_config(cfg)
-        ckpt = Checkpointer(out / "checkpoint", max_to_keep=2)
-        restored = ckpt.restore(abstract_train_state(params, rl_cfg, mesh)) if args.resume else None
-        cur = restored.data_cursor if restored else {"stage": "sft", "stage_step": 0, "global_step": 0,
-                                                     "problem_cursor": 0, "trunc_history": [], "stage3_ids": None}
-        if args.resume:
-            print(f"resume: {'from ' + json.dumps({k: cur[k] for k in ('stage', 'stage_step')}) if restored else 'fresh'}")
-        logger = MetricsLogger(out / "metrics.jsonl", resume=restored is not None, keep_until_step=cur["global_step"])
-        state = restored.state if restored else None
-        visited: list[str] = []
-
-        def save(st) -> None:
-            cur["save_id"] = cur.get("save_id", 0) + 1  # increasing across phases (SFT and RL steps restart)
-            ckpt.save(st, data_cursor=cur, config=rl_cfg, step=cur["save_id"])
-
-        # ---- non-reasoning SFT ---------------------------------------------------------------------
-        if cur["stage"] == "sft":
-            visited.append("sft")
-            examples = render_records(load_chat_jsonl(sft_path, template_cfg=tpl), tok, tpl)
-            scfg = SFTConfig(seq_len=cfg.sft_seq_len, batch_size=cfg.sft_batch, epochs=cfg.sft_epochs,
-                             optim=OptimConfig(lr=cfg.sft_lr, warmup_steps=min(cfg.warmup_steps, 20)))
-
-            def on_state(i: int, st) -> None:
-                if i % cfg.ckpt_every == 0:
-                    cur["save_id"] = cur.get("save_id", 0) + 1
-                    ckpt.save(st, data_cursor={**cur, "stage_step": i}, config=rl_cfg, step=cur["save_id"])
-
-            state = train_sft(graphdef, params, examples, scfg, pad_id=tok.pad_id, mesh=mesh, seed=args.seed,
-                              state=state, show_progress=show, on_state=on_state,
-                              on_step=lambda i, m: logger.log({"stage": "sft", "sft_step": i, "step": 0, **m}))
-            state = init_train_state(state.params, rl_cfg, args.seed, mesh=mesh)  # RL optimizer from zero
-            cur.update(stage="rl_stage1", stage_step=0)
-            save(state)
-
         # the longest rendered prompt (system prompt and template included) + slack
-        max_prompt = max(len(tok.encode(render_prompt(p.problem, tpl))) for p in problems) + 64
-        ecfg = EngineConfig(num_slots=cfg.slots, page_size=16, max_seq_len=max_prompt + cfg.stage2_budget,
-                            kv_memory_bytes=int(cfg.kv_memory_gb * 2**30), prefill_chunk=128)
-        placement = plan_placement(cfg.placement(), mcfg)
-        print(placement.table())
-        print(placement.line())
-        placed = WeightSync(placement.layouts).place(state.params)  # on device, from the trainer's layout
-        engines = [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
-                   for p, lay in zip(placed, placement.layouts)]
-        for e in engines:  # each engine's executables are tied to its devices: compile them all once, now
-            e.warmup()
-        if args.dry_run:  # see the module docstring: a random policy earns no reward
-            script = dry_run_script(problems, tok, tpl)
-            engines = [ScriptedPolicy(e, script) for e in engines]
-        # The run's two long-lived owners (every stage): the rollout service and the learner. The
-        # learner's rows fit the longest stage, so its update compiles for one shape.
-        rollout = Rollout(engines, pool, tok, RolloutConfig(
-            n_samples=cfg.samples_per_problem, budget=cfg.stage1_budget, template=tpl,
-            sampler=Temperature(temperature=cfg.temperature)))
-        learner = Learner(graphdef, state, LearnerConfig(rl=rl_cfg, seq_len=max_prompt + cfg.stage2_budget,
-                                                         rows=cfg.problems_per_step * cfg.group),
-                          pad_id=tok.pad_id, mesh=mesh)
-        rollout.sync(learner.params)
-        rollout.load_state(cur.get("rollout"))  # resume: the dispatcher's length history as it was
-        compiles = CompileCounter()
+        max_prompt = max(len(tok.encode(render_prompt(p.problem, tpl))) for p in [*problems, *(eval_problems or [])]) + 64
+        seq_len = max_prompt + max(cfg.stage2_budget, cfg.eval_budget or 0)
 
-        bar = tqdm(desc="recipe", disable=not show)
-        while cur["stage"] != "done":
-            stage = cur["stage"]
-            if not visited or visited[-1] != stage:
-                visited.append(stage)
-            if stage == "filter":
-                pool_ids = [p.id for p in problems][: cfg.filter_pool]
-                rows, _ = evaluate([by_id[i] for i in pool_ids], engines, pool, tok, reward_fn,
-                                   EvalConfig.sampled(cfg.filter_k, cfg.temperature, budget=cfg.stage2_budget,
-                                                      template=tpl), seed=args.seed, show_progress=show)
-                kept = filter_unsolved(pool_ids, [sum(r["correct"]) for r in rows], cfg.filter_k)
-                logger.log({"stage": "filter", "step": cur["global_step"], "filter_pool": len(pool_ids),
-                            "filter_kept": len(kept)})
-                learner.state = reset_optimizer(learner.state, rl_cfg)  # stage 3 starts with fresh AdamW moments
-                cur.update(stage="rl_stage3" if kept else "done", stage_step=0, stage3_ids=kept, problem_cursor=0)
-                save(learner.state)
-                continue
-            pool_problems = problems if stage != "rl_stage3" else [by_id[i] for i in cur["stage3_ids"]]
-            budget = cfg.stage1_budget if stage == "rl_stage1" else cfg.stage2_budget
-            n = cfg.problems_per_step
-            batch = [pool_problems[(cur["problem_cursor"] + j) % len(pool_problems)] for j in range(n)]
-            compiles.take()  # this step's compilations only
-            m, _ = rl_step(rollout, learner, reward_fn, batch, seed=args.seed * 1_000_003 + cur["global_step"],
-                           budget=budget, compiles=compiles)
-            cur["problem_cursor"] += n
-            cur["stage_step"] += 1
-            cur["global_step"] += 1
-            if stage == "rl_stage1":
-                cur["trunc_history"] = cur["trunc_history"] + [m["truncation_rate"]]
-            logger.log({"stage": stage, "step": cur["global_step"], "stage_step": cur["stage_step"], **m})
-            new = next_stage(stage, stage_step=cur["stage_step"], cfg=cfg, trunc_history=cur["trunc_history"])
-            if new != stage:
-                cur.update(stage=new, stage_step=0, problem_cursor=0 if new == "filter" else cur["problem_cursor"])
-            if new != stage or cur["global_step"] % cfg.ckpt_every == 0:
-                cur["rollout"] = rollout.state()
-                save(learner.state)
-            bar.update(1)
-            bar.set_postfix(stage=stage, reward=f"{m['reward']:.2f}", kept=m["n_kept"])
-        bar.close()
-        ckpt.close()
-    plot_metrics([r for r in logger.rows if r.get("stage", "").startswith("rl")], out / "metrics.png")
-    rl_rows = [r for r in logger.rows if r.get("stage", "").startswith("rl") and "reward" in r]
-    summary = {"stages": visited, "global_steps": cur["global_step"],
-               "n_kept_per_stage": {s: [r["n_kept"] for r in rl_rows if r["stage"] == s] for s in STAGES[1:-1]},
-               "compiles_per_step": [r.get("compiles") for r in rl_rows],
-               "stage3_problems": None if cur["stage3_ids"] is None else len(cur["stage3_ids"]),
-               "steps_per_stage": {s: sum(1 for r in logger.rows if r.get("stage") == s and "reward" in r)
-                                   for s in STAGES[1:-1]}}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("recipe:", json.dumps(summary))
+        def make_rollout():
+            ecfg = EngineConfig(num_slots=cfg.slots, page_size=16, max_seq_len=seq_len,
+                                kv_memory_bytes=int(cfg.kv_memory_gb * 2**30), prefill_chunk=128)
+            placement = plan_placement(cfg.placement(), mcfg)
+            if distributed.is_main_process():
+                print(placement.table())
+            print(placement.line(), flush=True)
+            placed = WeightSync(placement.layouts).place(params)  # on device, from the trainer's layout
+            engines = [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
+                       for p, lay in zip(placed, placement.layouts)]
+            for e in engines:  # each engine's executables are tied to its devices: compile them all once, now
+                e.warmup()
+            if args.dry_run:  # see the module docstring: a random policy earns no reward
+                script = dry_run_script([*problems, *(eval_problems or [])], tok, tpl)
+                engines = [ScriptedPolicy(e, script) for e in engines]
+            return Rollout(engines, pool, tok, RolloutConfig(
+                n_samples=cfg.samples_per_problem, budget=cfg.stage1_budget, template=tpl,
+                sampler=Temperature(temperature=cfg.temperature))), engines
+
+        scfg = SFTConfig(seq_len=cfg.sft_seq_len, batch_size=cfg.sft_batch, epochs=cfg.sft_epochs,
+                         optim=OptimConfig(lr=cfg.sft_lr, warmup_steps=min(cfg.warmup_steps, 20)))
+        parts = Parts(
+            graphdef=graphdef, params=params, mesh=mesh, rl=rl_cfg, pad_id=tok.pad_id,
+            learner=LearnerConfig(rl=rl_cfg, seq_len=seq_len, rows=cfg.problems_per_step * cfg.group),
+            make_rollout=make_rollout, pool=pool, tokenizer=tok, reward_fn=reward_fn,
+            schedule=RecipeSchedule(cfg=cfg, problems_list=problems, template=tpl),
+            sft=SFTPart(cfg=scfg, shards=shards, ckpt_every=cfg.ckpt_every,
+                        load_shard=lambda s: render_records(records[s], tok, tpl)),
+            eval_problems=eval_problems,
+            eval_cfg=EvalConfig(k=cfg.eval_k, sampler=Greedy() if cfg.eval_k == 1 else Temperature(
+                temperature=cfg.temperature), budget=cfg.eval_budget or cfg.stage2_budget, template=tpl))
+        run_cfg = {**cfg.to_json(), "seed": args.seed, "dry_run": args.dry_run}
+        rc = RunConfig(out=out, seed=args.seed, ckpt_every=cfg.ckpt_every, eval_every=cfg.eval_every,
+                       resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
+                       run_config=run_cfg, show_progress=show,
+                       files={"recipe_config.json": json.dumps(run_cfg, indent=2, default=str)})
+        try:
+            res = run(parts, rc, abstract_train_state(params, rl_cfg, mesh))
+        except ResumeError as e:
+            raise SystemExit(str(e)) from None
+    if res.resumed_from is not None:
+        print(f"resume: from {json.dumps(res.resumed_from)}")
+    write_plots(res.rows, out)
+    rl = rl_rows(res.rows)
+    summary = {"stages": res.visited, "global_steps": res.cursor.global_step, "processes": jax.process_count(),
+               "mesh": list(shape),
+               "n_kept_per_stage": {s: [r["n_kept"] for r in rl if r["stage"] == s] for s in STAGES[1:-1]},
+               "compiles_per_step": [r.get("compiles") for r in rl],
+               "stage3_problems": None if res.cursor.kept_ids is None else len(res.cursor.kept_ids),
+               "steps_per_stage": {s: sum(1 for r in rl if r["stage"] == s) for s in STAGES[1:-1]},
+               "heldout_acc": [r["heldout_acc"] for r in res.rows if r.get("heldout_acc") is not None]}
+    if distributed.is_main_process():
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        print("recipe:", json.dumps(summary))
     return summary
 
 

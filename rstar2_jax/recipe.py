@@ -25,21 +25,34 @@ from rstar2_jax.sampling.placement import PlacementConfig
 STAGES = ("sft", "rl_stage1", "rl_stage2", "filter", "rl_stage3", "done")
 
 
+_DTYPES = ("float32", "bfloat16", "float16")
+_ROC_MODES = ("paper", "deterministic", "none")
+_PATHS = {"model_path": "directory", "sft_data": "file", "rl_data": "file", "eval_data": "file"}
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class RecipeConfig:
-    """Full-scale defaults (Qwen3-14B-Base, 64 accelerators); ``dry_run()`` shrinks every knob."""
+    """Full-scale defaults (Qwen3-14B-Base, 64 accelerators); ``dry_run()`` shrinks every knob.
+
+    Every field is checked in ``__post_init__`` (ranges, dtypes, the mesh, that every given path
+    exists), before anything is loaded; ``from_json`` also requires the three data/model paths and
+    prefixes each error with the config file.
+    """
 
     # model and data (local paths; nothing is downloaded)
     model_path: str | None = None  # HF directory (config.json + safetensors + tokenizer.json)
     sft_data: str | None = None  # chat JSONL (messages with tool calls)
     rl_data: str | None = None  # problems JSONL {"id", "problem", "answer"}
+    eval_data: str | None = None  # held-out problems JSONL (None: no evaluation)
     mesh: MeshConfig = MeshConfig(data=1, fsdp=8, tensor=8)  # 64 devices
     dtype: str = "bfloat16"
     # SFT
     sft_seq_len: int = 8192
-    sft_batch: int = 64  # packed rows per update
+    sft_batch: int = 64  # packed rows per update (global)
     sft_epochs: float = 3.0
     sft_lr: float = 5e-6
+    sft_shards: int | None = 8  # the SFT file is read and packed in this many shards (a multiple of the
+    #                             process count; each process packs its own). None: one per process.
     # RL (paper s.4.2): 2G = 32 sampled, G = 16 kept, 128 problems per step, lr 1e-6, temperature 1
     samples_per_problem: int = 32
     group: int = 16
@@ -60,6 +73,10 @@ class RecipeConfig:
     # stage 2 -> 3 filter
     filter_k: int = 8  # samples per problem; solved k/k -> dropped
     filter_pool: int | None = None  # problems checked (None: the whole RL set)
+    # evaluation on eval_data (pass@1 over eval_k samples; greedy when eval_k == 1)
+    eval_every: int | None = 50  # RL steps between evaluations (also after SFT and at the end); None: end only
+    eval_k: int = 1
+    eval_budget: int | None = None  # response tokens (None: stage2_budget)
     # engines (``sampling.placement``): per process, each tensor-parallel over devices_per_engine devices
     engines: int | None = None  # per process; None: as many as fit (local devices // devices_per_engine)
     devices_per_engine: int = 1  # the TP degree of each engine
@@ -73,45 +90,99 @@ class RecipeConfig:
     template: str = "full"  # "full" rStar2 prompt, or "toy"
 
     def __post_init__(self) -> None:
+        def bad(name: str, want: str) -> ValueError:
+            return ValueError(f"RecipeConfig.{name} must be {want}, got {getattr(self, name)!r}")
+
         for name in ("samples_per_problem", "group", "problems_per_step", "stage1_budget", "stage2_budget",
-                     "trunc_window", "filter_k", "devices_per_engine", "slots", "sandbox_workers", "ckpt_every", "sft_batch",
-                     "sft_seq_len"):
+                     "trunc_window", "filter_k", "devices_per_engine", "slots", "sandbox_workers", "ckpt_every",
+                     "sft_batch", "sft_seq_len", "eval_k"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
+                raise bad(name, "a positive int")
+        for name in ("engines", "filter_pool", "eval_every", "eval_budget", "sft_shards"):
             v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                raise ValueError(f"RecipeConfig.{name} must be a positive int, got {v!r}")
+            if v is not None and (not _is_int(v) or v < 1):
+                raise bad(name, "a positive int or null")
+        for name in ("stage1_max_steps", "stage2_max_steps", "stage3_steps", "warmup_steps"):
+            if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
+                raise bad(name, "an int >= 0")
+        for name in ("sft_lr", "rl_lr", "temperature", "sft_epochs", "kv_memory_gb"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf"):
+                raise bad(name, "a finite number > 0")
         if self.group > self.samples_per_problem:
             raise ValueError(f"RecipeConfig.group ({self.group}) must be <= samples_per_problem "
                              f"({self.samples_per_problem})")
         if self.stage2_budget < self.stage1_budget:
-            raise ValueError("RecipeConfig.stage2_budget must be >= stage1_budget")
-        for name in ("stage1_max_steps", "stage2_max_steps", "stage3_steps"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"RecipeConfig.{name} must be >= 0, got {getattr(self, name)}")
-        if not 0 <= self.trunc_target <= 1 or self.trunc_tol < 0:
-            raise ValueError("RecipeConfig.trunc_target must be in [0, 1] and trunc_tol >= 0")
-        if self.engines is not None and (not isinstance(self.engines, int) or self.engines < 1):
-            raise ValueError(f"RecipeConfig.engines must be a positive int or null, got {self.engines!r}")
+            raise ValueError(f"RecipeConfig.stage2_budget ({self.stage2_budget}) must be >= stage1_budget "
+                             f"({self.stage1_budget})")
+        if not isinstance(self.trunc_target, (int, float)) or not 0 <= self.trunc_target <= 1:
+            raise bad("trunc_target", "in [0, 1]")
+        if not isinstance(self.trunc_tol, (int, float)) or self.trunc_tol < 0:
+            raise bad("trunc_tol", ">= 0")
+        if self.sft_shards is not None and self.sft_batch % self.sft_shards:
+            raise ValueError(f"RecipeConfig.sft_batch ({self.sft_batch}) must be a multiple of sft_shards "
+                             f"({self.sft_shards}): each shard fills sft_batch / sft_shards rows of a batch")
+        if self.dtype not in _DTYPES:
+            raise bad("dtype", f"one of {_DTYPES}")
+        if self.engine_weight_dtype not in (None, *_DTYPES):
+            raise bad("engine_weight_dtype", f"null or one of {_DTYPES}")
+        if self.roc_mode not in _ROC_MODES:
+            raise bad("roc_mode", f"one of {_ROC_MODES}")
+        if not isinstance(self.mesh, MeshConfig):
+            raise bad("mesh", "a MeshConfig (in JSON: an object with keys data, fsdp, tensor)")
         self.placement()  # validates the engine fields
         if self.sandbox_backend not in ("local", "ray"):
-            raise ValueError(f"RecipeConfig.sandbox_backend must be 'local' or 'ray', got {self.sandbox_backend!r}")
+            raise bad("sandbox_backend", "'local' or 'ray'")
         if self.template not in ("full", "toy"):
-            raise ValueError(f"RecipeConfig.template must be 'full' or 'toy', got {self.template!r}")
+            raise bad("template", "'full' or 'toy'")
+        for name, kind in _PATHS.items():
+            v = getattr(self, name)
+            if v is None:
+                continue
+            p = Path(str(v)).expanduser()
+            if not (p.is_dir() if kind == "directory" else p.is_file()):
+                raise ValueError(f"RecipeConfig.{name}: {kind} not found: {p}")
 
     @classmethod
     def from_json(cls, path: str | Path, **overrides: Any) -> "RecipeConfig":
-        """Read a JSON config; unknown keys are an error naming the key and the file."""
+        """Read a JSON config: unknown keys, a missing model/data path and every invalid value are
+        errors naming the file and the field."""
         path = Path(path)
         try:
-            raw = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ValueError(f"config file not found: {path}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            where = f"line {e.lineno}: {e.msg}" if isinstance(e, json.JSONDecodeError) else f"not UTF-8 ({e.reason})"
+            raise ValueError(f"{path}: invalid JSON at {where}") from None
+        if not isinstance(raw, dict):
+            raise ValueError(f"{path}: expected a JSON object of RecipeConfig fields, got {type(raw).__name__}")
         fields = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - fields)
         if unknown:
             raise ValueError(f"{path}: unknown field {unknown[0]!r} (known: {sorted(fields)})")
+        missing = [k for k in ("model_path", "sft_data", "rl_data") if raw.get(k) in (None, "")]
+        if missing:
+            raise ValueError(f"{path}: field {missing[0]!r} is required (a local "
+                             f"{_PATHS[missing[0]]}; see experiments/configs/rstar2_14b.json)")
+        try:
+            if isinstance(raw.get("mesh"), dict):
+                keys = {f.name for f in dataclasses.fields(MeshConfig)}
+                extra = sorted(set(raw["mesh"]) - keys)
+                if extra:
+                    raise ValueError(f"RecipeConfig.mesh: unknown key {extra[0]!r} (known: {sorted(keys)})")
+                raw["mesh"] = MeshConfig(**raw["mesh"])
+            raw.update(overrides)
+            return cls(**raw)
+        except ValueError as e:
+            raise ValueError(f"{path}: {e}") from None
+
+    @classmethod
+    def from_saved(cls, raw: dict[str, Any]) -> "RecipeConfig":
+        """The inverse of ``to_json`` (no path checks beyond ``__post_init__``)."""
+        raw = dict(raw)
         if isinstance(raw.get("mesh"), dict):
             raw["mesh"] = MeshConfig(**raw["mesh"])
-        raw.update(overrides)
         return cls(**raw)
 
     def placement(self) -> PlacementConfig:
@@ -120,19 +191,24 @@ class RecipeConfig:
                                weight_dtype=self.engine_weight_dtype)
 
     def to_json(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        return d
+        return dataclasses.asdict(self)
 
     @classmethod
     def dry_run(cls, **overrides: Any) -> "RecipeConfig":
-        """Every stage and transition with a tiny policy on CPU in about a minute (thresholds shrunk)."""
-        base = dict(mesh=MeshConfig(data=1, fsdp=-1, tensor=1), dtype="float32", sft_seq_len=1024, sft_batch=2,
-                    sft_epochs=1.0, sft_lr=1e-3, samples_per_problem=4, group=2, problems_per_step=2, rl_lr=1e-4,
-                    warmup_steps=0, stage1_budget=320, stage2_budget=384, stage1_max_steps=4, stage2_max_steps=1,
-                    stage3_steps=1, trunc_target=1.0, trunc_tol=0.5, trunc_window=1, filter_k=2, filter_pool=4,
-                    engines=None, devices_per_engine=1, slots=8, kv_memory_gb=0.01, sandbox_workers=1, ckpt_every=1, template="toy")
+        """Every stage and transition with a tiny policy on CPU in about a minute (thresholds shrunk;
+        the trainer's batches of 8 rows split over 8 devices of 1 or 2 processes)."""
+        base = dict(mesh=MeshConfig(data=1, fsdp=-1, tensor=1), dtype="float32", sft_seq_len=512, sft_batch=8,
+                    sft_epochs=1.0, sft_lr=1e-3, sft_shards=2, samples_per_problem=4, group=2, problems_per_step=4,
+                    rl_lr=1e-4, warmup_steps=0, stage1_budget=320, stage2_budget=384, stage1_max_steps=2,
+                    stage2_max_steps=1, stage3_steps=1, trunc_target=1.0, trunc_tol=0.5, trunc_window=1, filter_k=2,
+                    filter_pool=4, eval_every=2, eval_k=1, engines=None, devices_per_engine=1, slots=8,
+                    kv_memory_gb=0.01, sandbox_workers=1, ckpt_every=1, template="toy")
         base.update(overrides)
         return cls(**base)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def truncation_settled(history: Sequence[float], target: float, tol: float, window: int) -> bool:
@@ -166,3 +242,39 @@ def next_stage(stage: str, *, stage_step: int, cfg: RecipeConfig, trunc_history:
     if stage == "rl_stage3":
         return "done" if stage_step >= cfg.stage3_steps else stage
     return STAGES[STAGES.index(stage) + 1]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RecipeSchedule:
+    """The recipe's stages for ``run.driver``: stage 1 until the truncation rate settles (or its
+    maximum), stage 2 for its steps, the filter, stage 3 on the problems the filter kept."""
+
+    cfg: RecipeConfig
+    problems_list: Sequence[Any]  # the RL problems (``data.datasets.Problem``)
+    template: Any  # the run's ``rollout.template.TemplateConfig`` (the filter samples with it)
+    rl_stages: tuple[str, ...] = ("rl_stage1", "rl_stage2", "rl_stage3")
+
+    @property
+    def problems_per_step(self) -> int:
+        return self.cfg.problems_per_step
+
+    def budget(self, stage: str) -> int:
+        return self.cfg.stage1_budget if stage == "rl_stage1" else self.cfg.stage2_budget
+
+    def problems(self, stage: str, cursor: Any) -> Sequence[Any]:
+        if stage != "rl_stage3":
+            return self.problems_list
+        by_id = {str(p.id): p for p in self.problems_list}
+        return [by_id[i] for i in cursor.kept_ids]
+
+    def next_stage(self, stage: str, cursor: Any) -> str:
+        return next_stage(stage, stage_step=cursor.stage_step, cfg=self.cfg, trunc_history=cursor.trunc_history)
+
+    def filter_problems(self) -> Sequence[Any]:
+        return list(self.problems_list)[: self.cfg.filter_pool]
+
+    def filter_eval(self) -> tuple[Any, int]:
+        from rstar2_jax.eval.evaluate import EvalConfig
+
+        return EvalConfig.sampled(self.cfg.filter_k, self.cfg.temperature, budget=self.cfg.stage2_budget,
+                                  template=self.template), self.cfg.filter_k

@@ -38,15 +38,63 @@ def test_filter_unsolved_keeps_exactly_the_not_always_solved():
         filter_unsolved(["a"], [9], 8)
 
 
+def _full_config(tmp_path, **changes) -> Path:
+    """The shipped 14B config with its model/data paths pointed at files that exist."""
+    raw = json.loads((Path(__file__).resolve().parents[1] / "experiments/configs/rstar2_14b.json").read_text())
+    (tmp_path / "model").mkdir(exist_ok=True)
+    for name in ("sft.jsonl", "rl.jsonl"):
+        (tmp_path / name).write_text("")
+    raw.update(model_path=str(tmp_path / "model"), sft_data=str(tmp_path / "sft.jsonl"),
+               rl_data=str(tmp_path / "rl.jsonl"))
+    raw.update(changes)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
 def test_config_file_errors_name_the_field(tmp_path):
     (tmp_path / "c.json").write_text(json.dumps({"group": 16, "grup": 3}))
     with pytest.raises(ValueError, match="unknown field 'grup'"):
         RecipeConfig.from_json(tmp_path / "c.json")
     with pytest.raises(ValueError, match="RecipeConfig.group .64. must be <= samples_per_problem"):
         RecipeConfig(group=64)
-    full = RecipeConfig.from_json(Path(__file__).resolve().parents[1] / "experiments/configs/rstar2_14b.json")
+    full = RecipeConfig.from_json(_full_config(tmp_path))
     assert (full.samples_per_problem, full.group, full.problems_per_step, full.rl_lr) == (32, 16, 128, 1e-6)
     assert full.mesh.shape(64) == (1, 8, 8)
+    # the shipped file names paths of the cluster: here they are missing, and the error says which
+    with pytest.raises(ValueError, match=r"rstar2_14b.json: RecipeConfig.model_path: directory not found"):
+        RecipeConfig.from_json(Path(__file__).resolve().parents[1] / "experiments/configs/rstar2_14b.json")
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"rl_data": None}, r"c.json: field 'rl_data' is required"),
+    ({"sft_data": ""}, r"c.json: field 'sft_data' is required"),
+    ({"rl_data": "/nonexistent/rl.jsonl"}, r"c.json: RecipeConfig.rl_data: file not found: /nonexistent/rl.jsonl"),
+    ({"eval_data": "/nonexistent/ev.jsonl"}, r"RecipeConfig.eval_data: file not found"),
+    ({"mesh": {"data": 1, "fsdp": 8, "tensr": 8}}, r"c.json: RecipeConfig.mesh: unknown key 'tensr'"),
+    ({"mesh": {"data": 0, "fsdp": 8, "tensor": 8}}, r"c.json: MeshConfig.data must be a positive int or -1"),
+    ({"rl_lr": 0}, r"c.json: RecipeConfig.rl_lr must be a finite number > 0, got 0"),
+    ({"sft_lr": "1e-5"}, r"RecipeConfig.sft_lr must be a finite number > 0, got '1e-5'"),
+    ({"temperature": -1.0}, r"RecipeConfig.temperature must be a finite number > 0"),
+    ({"dtype": "fp8"}, r"RecipeConfig.dtype must be one of .*got 'fp8'"),
+    ({"kv_memory_gb": 0}, r"RecipeConfig.kv_memory_gb must be a finite number > 0"),
+    ({"roc_mode": "best"}, r"RecipeConfig.roc_mode must be one of"),
+    ({"group": True}, r"RecipeConfig.group must be a positive int, got True"),
+    ({"sft_shards": 3}, r"RecipeConfig.sft_batch \(64\) must be a multiple of sft_shards \(3\)"),
+    ({"eval_every": 0}, r"RecipeConfig.eval_every must be a positive int or null"),
+])
+def test_every_malformed_config_names_its_field_and_file(tmp_path, changes, match):
+    with pytest.raises(ValueError, match=match):
+        RecipeConfig.from_json(_full_config(tmp_path, **changes))
+
+
+def test_config_errors_come_before_anything_loads(tmp_path, capsys):
+    """The script exits on a bad config at start (no model, data or sandbox touched), naming the field."""
+    import rstar2_recipe
+
+    with pytest.raises(SystemExit, match=r"config error: .*c.json: field 'rl_data' is required"):
+        rstar2_recipe.main(["--config", str(_full_config(tmp_path, rl_data=None)), "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
 
 
 def test_stage3_filter_on_a_scripted_policy():

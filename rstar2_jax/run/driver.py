@@ -227,7 +227,10 @@ class _Run:
         kept = filter_unsolved([str(p.id) for p in pool], [sum(r["correct"]) for r in rows], k)
         c = self.cursor
         self.log.log({"stage": "filter", "step": c.global_step, "filter_pool": len(pool), "filter_kept": len(kept)})
-        self.learner.state = reset_optimizer(self.learner.state, self.p.rl)  # the next stage: fresh AdamW moments
+        # the next stage: fresh AdamW moments, laid out as before (so the update does not compile again)
+        shardings = jax.tree.map(lambda x: x.sharding, self.learner.state)
+        self.learner.state = jax.jit(lambda st: reset_optimizer(st, self.p.rl), out_shardings=shardings)(
+            self.learner.state)
         c.kept_ids = kept
         c.stage = self.p.schedule.next_stage("filter", c) if kept else "done"
         c.stage_step, c.problem_cursor, c.trunc_history = 0, 0, []
