@@ -93,3 +93,27 @@ def test_parquet_round_trip(tmp_path):
     with pytest.raises(DatasetError, match="d.parquet:2: field 'answer'"):
         load_dataset(tmp_path / "d.parquet")
     assert load_dataset(tmp_path / "d.parquet", limit=1)[0].id == "a"
+
+
+def test_non_utf8_line_names_file_and_line(tmp_path):
+    from rstar2_jax.data.chat import ChatFormatError, load_chat_jsonl
+
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes((GOOD + "\n").encode() + '{"id": "b", "problem": "caf\xe9", "answer": "1"}\n'.encode("latin-1"))
+    with pytest.raises(DatasetError, match=r"latin1.jsonl:2: not valid UTF-8 \(byte 0xe9 at column 28\)") as info:
+        load_dataset(path)
+    assert (info.value.path, info.value.line) == (str(path), 2)
+    chat = tmp_path / "chat.jsonl"
+    chat.write_bytes(b"\n" + '{"messages": [{"role": "user", "content": "caf\xe9"}]}\n'.encode("latin-1"))
+    with pytest.raises(ChatFormatError, match=r"chat.jsonl:2: not valid UTF-8"):
+        load_chat_jsonl(chat)
+
+
+def test_sharded_reading_takes_every_sth_record(tmp_path):
+    from rstar2_jax.data.datasets import iter_jsonl
+
+    lines = [json.dumps({"id": str(i), "problem": "p", "answer": "1"}) for i in range(7)]
+    path = _write(tmp_path, lines[:3] + [""] + lines[3:])  # a blank line is not a record
+    shards = [[obj["id"] for _, obj in iter_jsonl(path, shard=(s, 3))] for s in range(3)]
+    assert shards == [["0", "3", "6"], ["1", "4"], ["2", "5"]]
+    assert [line for line, _ in iter_jsonl(path, shard=(1, 3))] == [2, 6]  # file line numbers kept
