@@ -205,6 +205,14 @@ def test_gspo_token_with_sequence_advantages_equals_gspo(mode):
     np.testing.assert_allclose(g2, g1, rtol=1e-5, atol=1e-7)
 
 
+def test_gspo_token_value_equals_gspo_with_per_token_advantages():
+    # the token form's value is GSPO's ℓ_{i,t} = max(-Â_{i,t} s_i, -Â_{i,t} clip(s_i)) for any Â_{i,t}
+    logp, old, adv, mask = _random_inputs(7)
+    vals = [_loss(_cfg(k, mode, eps_low=0.05, eps_high=0.08), logp, old, adv, mask)[0]
+            for mode in AGG_MODES for k in (LossKind.GSPO, LossKind.GSPO_TOKEN)]
+    np.testing.assert_allclose(vals[1::2], vals[0::2], rtol=1e-6)
+
+
 def test_cispo_weight_carries_no_gradient():
     # ∂ℓ/∂log π_θ = -w Â exactly (token-mean over 3 tokens: /3); a weight with gradient would add
     # -Â log π_θ · ∂w/∂log π_θ = -Â log π_θ ρ for unclipped ρ.

@@ -1,5 +1,6 @@
 """The jitted update for every loss kind, with the KL and entropy terms: compiled once, never again
-across steps; the reference pass runs only when the KL term is on; the learner keeps one reference."""
+across steps; the reference pass runs only when the KL term is on; the learner keeps one reference;
+RoC's selection is the same under every advantage kind."""
 
 import dataclasses
 
@@ -12,8 +13,11 @@ import rstar2_jax.rl.train_step as ts
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.learner import Learner, LearnerConfig
 from rstar2_jax.model import Qwen3, split_policy
-from rstar2_jax.rl.config import LossConfig, LossKind, OptimConfig, RLConfig
+from rstar2_jax.rewards.format import format_stats
+from rstar2_jax.rl.advantages import compute_advantages
+from rstar2_jax.rl.config import AdvantageConfig, LossConfig, LossKind, OptimConfig, RLConfig, RocConfig
 from rstar2_jax.rl.train_step import init_train_state, make_train_step, shard_batch
+from rstar2_jax.rollout.trajectory import ToolRecord, Trajectory
 from rstar2_jax.utils.compiles import CompileCounter
 
 B, T = 4, 12
@@ -98,3 +102,35 @@ def test_learner_keeps_one_reference_copy(policy):
     with pytest.raises(ValueError, match="ref_params"):
         Learner(graphdef, resumed, lcfg, pad_id=0)
     assert Learner(graphdef, resumed, lcfg, pad_id=0, ref_params=params).ref_params is not None
+
+
+def _scored(uid, group, reward, n_err):
+    """A scored trajectory: one assistant turn with an answer, ``n_err`` failed calls of 2."""
+    turns = ["<answer>\\boxed{1}</answer>"]
+    return Trajectory(uid=uid, group_id=group, problem_id=str(group), gold="1", prompt_tokens=[1, 2], budget=8,
+                      response_tokens=[3, 4, 5], loss_mask=[1, 1, 1], turns=turns, appended_texts=[],
+                      tools=[ToolRecord(status="runtime_error" if k < n_err else "ok", latency_s=0.0)
+                             for k in range(2)], done_reason="answer", reward=reward,
+                      format=format_stats(turns, []))
+
+
+@pytest.mark.parametrize("kind", ["grpo", "dr_grpo", "rloo", "reinforce_pp"])
+def test_roc_composes_with_every_advantage_kind(policy, kind):
+    # 2 groups of 2G = 6 rollouts (mixed rewards, positives with 0-2 failed calls), G = 3 kept by RoC.
+    # The kept set is the same under every advantage kind; the advantages are the kind's on the kept G.
+    graphdef, params = policy
+    rewards = [1, 1, 0, 1, 0, 0, 1, 0, 0, 1, 1, 0]
+    trajs = [_scored(i, i // 6, float(r), i % 3) for i, r in enumerate(rewards)]
+    base = dataclasses.replace(RLConfig.tiny(), roc=RocConfig(keep_per_group=3, mode="deterministic"))
+    sels = {}
+    for k in ("grpo", kind):
+        cfg = dataclasses.replace(base, advantage=AdvantageConfig(kind=k))
+        learner = Learner(graphdef, init_train_state(params, cfg, 0), LearnerConfig(rl=cfg, seq_len=T, rows=6),
+                          pad_id=0)
+        sels[k], _ = learner.select(trajs, seed=0)
+    np.testing.assert_array_equal(sels[kind].kept, sels["grpo"].kept)  # RoC's choice does not depend on the kind
+    kept = sels[kind].kept
+    assert len(kept) == 6
+    want = compute_advantages(np.asarray(rewards, float)[kept], np.asarray([i // 6 for i in range(12)])[kept],
+                              AdvantageConfig(kind=kind))
+    np.testing.assert_allclose(sels[kind].advantages, want, rtol=1e-6)
