@@ -34,6 +34,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AdvantageConfig", "AdvantageKind", "KLEstimator", "LossConfig", "LossKind", "OptimConfig", "RLConfig",
-    "RocConfig", "RocRecord", "compute_advantages", "group_advantages", "token_advantages", "p_err", "p_format", "p_format_release", "p_total", "stack_records",
+    "RocConfig", "RocRecord", "compute_advantages", "group_advantages", "token_advantages",
+    "p_err", "p_format", "p_format_release", "p_total", "stack_records",
     "roc_class_counts", "roc_downsample", *_LAZY,
 ]

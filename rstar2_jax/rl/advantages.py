@@ -2,12 +2,12 @@
 
 With r_i the reward of rollout i, g(i) its group (problem), n_g the group's size and mean_g / std_g
 its mean and std (``ddof`` 1 = unbiased, as the released verl code):
-  grpo          Â_i = (r_i - mean_g) / (std_g + ε)                       (DeepSeekMath; rStar2-Agent Eq. 1)
-  dr_grpo       Â_i =  r_i - mean_g                                      (Dr.GRPO, arXiv 2503.20783, §3.1)
+  grpo          Â_i = (r_i - mean_g) / (std_g + ε)            (DeepSeekMath; rStar2-Agent Eq. 1)
+  dr_grpo       Â_i =  r_i - mean_g                           (Dr.GRPO, arXiv 2503.20783, §3.1)
   rloo          Â_i =  r_i - (1/(n_g - 1)) Σ_{j∈g, j≠i} r_j = n_g/(n_g - 1) · (r_i - mean_g)
-                                                                         (RLOO, Ahmadian et al. 2024, arXiv 2402.14740)
+                                                              (RLOO, Ahmadian et al. 2024, arXiv 2402.14740)
   reinforce_pp  A_i =  r_i - mean_g, then Â_i = (A_i - mean_B A) / (std_B A + ε) over the whole batch B
-                                                                         (REINFORCE++-baseline, Hu 2025, arXiv 2501.03262)
+                                                              (REINFORCE++-baseline, Hu 2025, arXiv 2501.03262)
 A group of one rollout gets Â = 0 under every kind (no baseline to compare with). RoC composes
 with each: downsampling is unchanged and the advantages are computed on the kept G. Every token of
 a trajectory shares its Â_i: Â_{i,t} = Â_i · m_{i,t} (m = loss mask). Host-side NumPy (group ids are
