@@ -25,7 +25,7 @@ from rstar2_jax.rl import RLConfig, compute_advantages, p_total, roc_downsample
 from rstar2_jax.rl.penalties import RocRecord
 from rstar2_jax.rl.reference import reference_params
 from rstar2_jax.rl.train_step import TrainState, make_train_step, shard_batch
-from rstar2_jax.rollout.batch import trajectories_to_batch
+from rstar2_jax.rollout.batch import pack_plan, pack_trajectories, trajectories_to_batch
 from rstar2_jax.rollout.trajectory import Trajectory
 
 
@@ -35,6 +35,9 @@ class LearnerConfig:
     seq_len: int  # longest train row (prompt + budget fits); rows are padded to a multiple of seq_bucket
     seq_bucket: int = 256  # few distinct padded lengths -> few compiles
     rows: int  # train rows per update (kept rows padded with zero-mask rows: one compiled shape)
+    # Several kept trajectories per row (segments; rollout.batch.pack_trajectories), rows filled in
+    # micro-batch order so the empty rows make whole micro-batches the update skips. False: one per row.
+    pack: bool = True
 
     def __post_init__(self) -> None:
         if self.seq_len < 2 or self.rows < 1 or self.seq_bucket < 1:
@@ -133,21 +136,67 @@ class Learner:
         mine = np.flatnonzero((sel.kept >= lo) & (sel.kept < hi))
         return mine[: self._rows.stop - self._rows.start]
 
-    def batch(self, trajs: Sequence[Trajectory], sel: Selection, rec: np.ndarray) -> dict[str, np.ndarray]:
-        """Host arrays of this process's kept rows, padded with zero-mask rows to its row count; the
-        padded length is the same in every process (from the gathered lengths)."""
+    def _seq_len(self, sel: Selection, rec: np.ndarray) -> int:
+        """The padded row length: the longest kept trajectory of every process, bucketed (the same in
+        every process, from the gathered lengths)."""
         everyone = np.concatenate([self._process_rows(sel, p) for p in range(len(sel.offsets) - 1)])
         longest = int(rec[sel.kept[everyone], 4].max())
-        seq_len = min(self.cfg.seq_len, -(-longest // self.cfg.seq_bucket) * self.cfg.seq_bucket)
+        return min(self.cfg.seq_len, -(-longest // self.cfg.seq_bucket) * self.cfg.seq_bucket)
+
+    def _micro_order(self, p: int) -> np.ndarray:
+        """Process ``p``'s local row indices in the order the update's micro-batches take them
+        (``rl.train_step.split_micro``: micro-batch k holds global rows k, k + n, k + 2n, ...)."""
+        b = self.cfg.rl.micro_batch_size or self.cfg.rows
+        n = self.cfg.rows // b
+        k = self._rows.stop - self._rows.start
+        g = p * k + np.arange(k)
+        return np.lexsort((g // n, g % n))  # by micro-batch index, then position inside it
+
+    def _rows_used(self, sel: Selection, rec: np.ndarray, seq_len: int) -> list[np.ndarray]:
+        """Each process's local row indices that hold a trajectory (from the gathered records)."""
+        used = []
+        for p in range(len(sel.offsets) - 1):
+            lengths = rec[sel.kept[self._process_rows(sel, p)], 4].astype(int)
+            if self.cfg.pack:
+                used.append(self._micro_order(p)[: len(pack_plan(lengths, seq_len))])
+            else:
+                used.append(np.arange(len(lengths)))
+        return used
+
+    def padding(self, sel: Selection, rec: np.ndarray) -> dict[str, float]:
+        """``pad_frac``: the share of the positions the update computes (every row of every micro-batch
+        that holds a trained row) that are padding; ``micro_batches_run`` of ``micro_batches``."""
+        seq_len = self._seq_len(sel, rec)
+        b = self.cfg.rl.micro_batch_size or self.cfg.rows
+        n, k = self.cfg.rows // b, self._rows.stop - self._rows.start
+        run = set()
+        for p, local in enumerate(self._rows_used(sel, rec, seq_len)):
+            run.update(int((p * k + r) % n) for r in local)
+        tokens = float(rec[sel.kept, 4].sum())
+        computed = len(run) * b * seq_len
+        return {"pad_frac": 1.0 - tokens / max(computed, 1), "micro_batches_run": len(run), "micro_batches": n}
+
+    def batch(self, trajs: Sequence[Trajectory], sel: Selection, rec: np.ndarray) -> dict[str, np.ndarray]:
+        """Host arrays of this process's kept rows (packed or one per row), padded with zero-mask rows
+        to its row count; the padded length is the same in every process (from the gathered lengths)."""
+        seq_len = self._seq_len(sel, rec)
         mine = self._process_rows(sel, self.process_index)
         lo = sel.offsets[self.process_index]
         rows = [trajs[int(i - lo)] for i in sel.kept[mine]]
         n_rows = self._rows.stop - self._rows.start
-        batch = trajectories_to_batch(rows, sel.advantages[mine], seq_len, self.pad_id)  # rows may be []
-        pad = n_rows - len(rows)
-        if pad:
-            batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype) + (
-                self.pad_id if k in ("tokens", "targets") else 0)]) for k, v in batch.items()}
+        if self.cfg.pack:
+            packed = pack_trajectories(rows, sel.advantages[mine], seq_len, self.pad_id)
+            batch = {k: np.zeros((n_rows, *v.shape[1:]), v.dtype) + (self.pad_id if k in ("tokens", "targets") else 0)
+                     for k, v in packed.items()}
+            where = self._micro_order(self.process_index)[: len(packed["tokens"])]
+            for k, v in packed.items():
+                batch[k][where] = v
+        else:
+            batch = trajectories_to_batch(rows, sel.advantages[mine], seq_len, self.pad_id)  # rows may be []
+            pad = n_rows - len(rows)
+            if pad:
+                batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype) + (
+                    self.pad_id if k in ("tokens", "targets") else 0)]) for k, v in batch.items()}
         if self.cfg.rl.old_logp_source == "recompute":
             batch.pop("old_logp")
         return batch
@@ -162,4 +211,5 @@ class Learner:
             batch = shard_batch(host, self.mesh) if self.num_processes == 1 else process_local_batch(host, self.mesh)
             self.state, metrics = self._step_fn(self.state, batch)
             m.update({f"train/{k}": float(v) for k, v in metrics.items()})
+            m.update({f"train/{k}": float(v) for k, v in self.padding(sel, rec).items()})
         return m, sel

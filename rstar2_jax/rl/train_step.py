@@ -6,6 +6,9 @@ One call of the step returned by :func:`make_train_step` does, for a batch of B 
      ``batch["old_logp"]`` from the sampler (``"sampler"``);
   2. the batch is split into B / b micro-batches of b = ``micro_batch_size`` rows; for each,
      (S_k, D_k) of ``rl.loss.policy_loss`` and ∇_θ S_k (log-probs chunked over T, never [B,T,V]);
+     a micro-batch with no trained token is skipped (``lax.cond``: it would add exactly zero), so a
+     packed batch (``rollout.batch.pack_trajectories``) whose empty rows fill the last micro-batches
+     costs only the micro-batches it fills;
   3. g = Σ_k ∇S_k / Σ_k D_k and L = Σ_k S_k / Σ_k D_k — the full-batch loss and gradient exactly;
   4. AdamW (lr warm-up then constant, decoupled weight decay, global-norm clip) updates θ.
 
@@ -183,14 +186,17 @@ def _accumulate(graphdef, params, batch: Batch, cfg: RLConfig):
     micro, n = split_micro(batch, cfg.micro_batch_size)
     zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, jnp.float32), params)
 
-    def body(carry, mb):
+    def run(carry, mb):
         s_acc, d_acc, g_acc, m_acc = carry
         (s, d), m, g = micro_loss_and_grad(graphdef, params, mb, cfg)
         g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
         w = m["n_tokens"]  # metrics are token means: weight by tokens, divide by Σ tokens at the end
         m_acc = {k: (jnp.maximum(m_acc[k], v) if k == "ratio_max" else m_acc[k] + (v if k == "n_tokens" else v * w))
                  for k, v in m.items()}
-        return (s_acc + s, d_acc + d, g_acc, m_acc), None
+        return s_acc + s, d_acc + d, g_acc, m_acc
+
+    def body(carry, mb):  # a micro-batch with no trained token adds exactly nothing: skip its passes
+        return jax.lax.cond(jnp.any(mb["loss_mask"] > 0), run, lambda c, _: c, carry, mb), None
 
     bt = micro["tokens"].shape[1:]
     names = jax.eval_shape(lambda: policy_loss(jnp.zeros(bt), jnp.zeros(bt), jnp.zeros(bt[:1]), jnp.zeros(bt),
@@ -228,11 +234,16 @@ def make_logprob_fn(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
     """Jitted no-grad pass ``(params, batch) -> log π_θ(targets)`` [B,T] fp32, micro-batched like
     the update (row order preserved); used to recompute log π_old."""
     def fn(params, batch):
-        micro, _ = split_micro({k: batch[k] for k in ("tokens", "targets", "positions", "segment_ids")
+        micro, _ = split_micro({k: batch[k] for k in ("tokens", "targets", "positions", "segment_ids", "loss_mask")
                                 if k in batch}, cfg.micro_batch_size)
         f = functools.partial(batch_logprobs, graphdef, jax.lax.stop_gradient(params),
                               chunk_size=cfg.logprob_chunk_size, temperature=cfg.temperature)
-        logp = jax.lax.map(f, micro)  # [B/b, b, T]
+
+        def one(mb):  # log-probs are read only where loss_mask > 0: an all-padding micro-batch is skipped
+            if "loss_mask" not in mb:
+                return f(mb)
+            return jax.lax.cond(jnp.any(mb["loss_mask"] > 0), f, lambda m: jnp.zeros(m["tokens"].shape, jnp.float32), mb)
+        logp = jax.lax.map(one, micro)  # [B/b, b, T]
         return logp.swapaxes(0, 1).reshape(batch["tokens"].shape)
     jitted = jax.jit(fn)
 

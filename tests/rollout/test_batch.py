@@ -19,3 +19,83 @@ def test_layout_hand_checked():
     np.testing.assert_array_equal(b["loss_mask"][0], [0, 0, 1, 1, 0, 0, 1, 0, 0, 0])
     np.testing.assert_allclose(b["old_logp"][0], [0, 0, -0.1, -0.2, 0, 0, -0.3, 0, 0, 0], atol=1e-7)
     assert b["advantages"].tolist() == [0.5]
+
+
+# -- packed rows ------------------------------------------------------------------------------------
+
+def _traj(uid, n_prompt, n_resp, rng, vocab=100):
+    t = Trajectory(uid=uid, group_id=uid // 2, problem_id=f"p{uid}", gold="1",
+                   prompt_tokens=rng.integers(1, vocab, n_prompt).tolist(), budget=n_resp)
+    t.response_tokens = rng.integers(1, vocab, n_resp).tolist()
+    t.loss_mask = (rng.random(n_resp) > 0.2).astype(int).tolist()  # some appended (tool) tokens
+    t.sampler_logprobs = (-rng.random(n_resp) * 3 * np.asarray(t.loss_mask)).tolist()
+    return t
+
+
+def test_pack_layout_hand_checked():
+    from rstar2_jax.rollout.batch import pack_plan, pack_trajectories
+    a = Trajectory(uid=0, group_id=0, problem_id="a", gold="1", prompt_tokens=[10, 11], budget=4)
+    a.response_tokens, a.loss_mask, a.sampler_logprobs = [20, 21], [1, 1], [-0.1, -0.2]
+    b = Trajectory(uid=1, group_id=0, problem_id="b", gold="1", prompt_tokens=[12], budget=4)
+    b.response_tokens, b.loss_mask, b.sampler_logprobs = [22, 23, 24], [1, 0, 1], [-0.3, 0.0, -0.4]
+    c = Trajectory(uid=2, group_id=0, problem_id="c", gold="1", prompt_tokens=[13, 14, 15, 16], budget=4)
+    c.response_tokens, c.loss_mask, c.sampler_logprobs = [25, 26, 27], [1, 1, 1], [-0.5, -0.6, -0.7]
+    # lengths 4, 4, 7 into rows of 8: first-fit decreasing puts c (7) alone, then a + b together
+    assert pack_plan([4, 4, 7], 8) == [[2], [0, 1]]
+    p = pack_trajectories([a, b, c], np.array([1.0, -1.0, 0.5]), 8, pad_id=0)
+    np.testing.assert_array_equal(p["tokens"][1], [10, 11, 20, 21, 12, 22, 23, 24])
+    np.testing.assert_array_equal(p["targets"][1], [11, 20, 21, 0, 22, 23, 24, 0])  # no target across segments
+    np.testing.assert_array_equal(p["loss_mask"][1], [0, 1, 1, 0, 1, 0, 1, 0])
+    np.testing.assert_array_equal(p["segment_ids"][1], [1, 1, 1, 1, 2, 2, 2, 2])
+    np.testing.assert_array_equal(p["positions"][1], [0, 1, 2, 3, 0, 1, 2, 3])
+    np.testing.assert_allclose(p["advantages"][1], [1, 1, 1, 1, -1, -1, -1, -1])
+    np.testing.assert_allclose(p["old_logp"][1], [0, -0.1, -0.2, 0, -0.3, 0, -0.4, 0], atol=1e-7)
+    np.testing.assert_array_equal(p["segment_ids"][0], [1] * 7 + [0])
+
+
+def _learner_and_batch(trajs, pack, rows, micro, agg):
+    import jax
+    from flax import nnx
+
+    from rstar2_jax.config import ModelConfig
+    from rstar2_jax.learner import Learner, LearnerConfig, Selection
+    from rstar2_jax.model import Qwen3, split_policy
+    from rstar2_jax.rl import LossConfig, RLConfig
+    from rstar2_jax.rl.train_step import init_train_state
+
+    rl = RLConfig(micro_batch_size=micro, old_logp_source="sampler", logprob_chunk_size=32,
+                  loss=LossConfig(agg_mode=agg))
+    cfg = LearnerConfig(rl=rl, seq_len=64, seq_bucket=32, rows=rows, pack=pack)
+    graphdef, params = split_policy(Qwen3(ModelConfig.tiny(vocab_size=100), rngs=nnx.Rngs(0)))
+    learner = Learner(graphdef, init_train_state(params, rl), cfg, pad_id=0)
+    n = len(trajs)
+    adv = np.linspace(-1, 1, n).astype(np.float32)
+    rec = np.array([[1, 0, t.group_id, 0, len(t.prompt_tokens) + len(t.response_tokens)] for t in trajs], float)
+    sel = Selection(kept=np.arange(n), advantages=adv, offsets=np.array([0, n]))
+    return learner, learner.batch(trajs, sel, rec), learner.padding(sel, rec), jax
+
+
+def test_packed_update_equals_one_trajectory_per_row_and_pads_less():
+    """Ragged, heavy-tailed lengths (one 60-token trajectory, many short ones), 8 rows in 4
+    micro-batches of 2: the packed batch gives the padded batch's (S, D) and gradient (1e-5) under
+    token and sequence aggregation, and computes fewer micro-batches."""
+    from rstar2_jax.rl.train_step import _accumulate, shard_batch
+
+    rng = np.random.default_rng(0)
+    lengths = [(4, 56), (3, 9), (5, 6), (2, 12), (6, 4), (3, 7), (4, 10), (2, 5)]
+    trajs = [_traj(i, p, r, rng) for i, (p, r) in enumerate(lengths)]
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        out = {}
+        for pack in (False, True):
+            learner, host, pad, jax = _learner_and_batch(trajs, pack, rows=8, micro=2, agg=agg)
+            s, d, g, _ = jax.jit(lambda p, b: _accumulate(learner.graphdef, p, b, learner.cfg.rl))(
+                learner.params, shard_batch(host, None))
+            out[pack] = (float(s), float(d), g, pad)
+        (s0, d0, g0, pad0), (s1, d1, g1, pad1) = out[False], out[True]
+        assert d1 == d0 and abs(s1 - s0) <= 1e-5 * abs(s0), (agg, s0, s1)
+        for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g0)):
+            assert float(np.linalg.norm(np.asarray(a) - np.asarray(b))) <= 1e-5 * float(np.linalg.norm(np.asarray(b)))
+    # 8 rows of 64 (one per trajectory, all 4 micro-batches run) vs 3 packed rows (2 micro-batches)
+    assert (pad0["micro_batches_run"], pad1["micro_batches_run"], pad0["micro_batches"]) == (4, 2, 4)
+    tokens = sum(p + r for p, r in lengths)  # 138 of 512 positions, then of 256
+    assert pad0["pad_frac"] == 1 - tokens / 512 and pad1["pad_frac"] == 1 - tokens / 256
