@@ -88,6 +88,22 @@ def test_every_malformed_config_names_its_field_and_file(tmp_path, changes, matc
         RecipeConfig.from_json(_full_config(tmp_path, **changes))
 
 
+@pytest.mark.parametrize("argv,match", [
+    (["--set", 'mesh={"data": 1, "fsdp": 16, "tensor": 1}'],
+     r"config error: mesh \{'data': 1, 'fsdp': 16, 'tensor': 1\} does not fit this run's 8 devices \(1 processes x 8 "
+     r"local\): MeshConfig data\*fsdp\*tensor = 16 != number of devices 8"),
+    (["--set", "sft_shards=3"], r"config error: RecipeConfig.sft_batch \(8\) must be a multiple of sft_shards \(3\)"),
+    (["--set", "grup=3"], r"config error: --set grup: unknown field"),
+    (["--set", "rl_lr=-1"], r"config error: RecipeConfig.rl_lr must be a finite number > 0, got -1"),
+])
+def test_mesh_and_overrides_are_checked_at_start(tmp_path, argv, match):
+    import rstar2_recipe
+
+    with pytest.raises(SystemExit, match=match):
+        rstar2_recipe.main(["--dry-run", "--out", str(tmp_path / "o"), "--no-progress", *argv])
+    assert not (tmp_path / "o").exists()
+
+
 def test_config_errors_come_before_anything_loads(tmp_path, capsys):
     """The script exits on a bad config at start (no model, data or sandbox touched), naming the field."""
     import rstar2_recipe
