@@ -317,8 +317,8 @@ def print_summary(s: dict, out: Path) -> None:
     print(f"{'held-out accuracy':28s}{s['sft_heldout_acc']:12.3f}{s['rl_heldout_acc']:12.3f}")
     print(f"{'tool error rate':28s}{s['sft_tool_error_rate']:12.3f}{s['rl_tool_error_rate']:12.3f}")
     print(f"{'mean response tokens':28s}{s['sft_response_len']:12.1f}{s['rl_response_len']:12.1f}")
-    print(f"time: traces {s['traces_s']:.0f}s, SFT {s['sft_s']:.0f}s, RL {s.get('rl_s', 0):.0f}s, "
-          f"total {s['total_s']:.0f}s")
+    print(f"time: traces {s['traces_s']:.0f}s, SFT {s.get('sft_s', 0):.0f}s, RL {s.get('rl_s', 0):.0f}s, "
+          f"total {s['total_s']:.0f}s" + (" (this process: resumed after SFT)" if "sft_s" not in s else ""))
     print(f"outputs: {out}/metrics.jsonl, {out}/metrics.png, {out}/summary.json, {out}/checkpoint")
 
 

@@ -42,10 +42,10 @@ def _full_config(tmp_path, **changes) -> Path:
     """The shipped 14B config with its model/data paths pointed at files that exist."""
     raw = json.loads((Path(__file__).resolve().parents[1] / "experiments/configs/rstar2_14b.json").read_text())
     (tmp_path / "model").mkdir(exist_ok=True)
-    for name in ("sft.jsonl", "rl.jsonl"):
+    for name in ("sft.jsonl", "rl.jsonl", "eval.jsonl"):
         (tmp_path / name).write_text("")
     raw.update(model_path=str(tmp_path / "model"), sft_data=str(tmp_path / "sft.jsonl"),
-               rl_data=str(tmp_path / "rl.jsonl"))
+               rl_data=str(tmp_path / "rl.jsonl"), eval_data=str(tmp_path / "eval.jsonl"))
     raw.update(changes)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(raw))
