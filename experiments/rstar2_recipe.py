@@ -166,6 +166,12 @@ def main(argv: list[str] | None = None) -> dict:
     distributed.initialize()  # every process runs this script; a no-op for one process
     cfg = load_config(args)
     shape = check_devices(cfg)
+    try:  # the engines' placement over this process's devices, before anything loads (the HF config only)
+        plan_placement(cfg.placement(), ModelConfig.tiny(vocab_size=ByteTokenizer().vocab_size) if args.dry_run
+                       else ModelConfig.from_hf(cfg.model_path))
+    except ValueError as e:
+        raise SystemExit(f"config error: {e} ({jax.process_count()} processes x {jax.local_device_count()} "
+                         f"local devices)") from None
     out = Path(args.out)
     show = not args.no_progress and distributed.is_main_process()
     tpl = TemplateConfig.toy(report_exec_time=False) if args.dry_run or cfg.template == "toy" else TemplateConfig()

@@ -94,6 +94,9 @@ def test_every_malformed_config_names_its_field_and_file(tmp_path, changes, matc
      r"local\): MeshConfig data\*fsdp\*tensor = 16 != number of devices 8"),
     (["--set", "sft_shards=3"], r"config error: RecipeConfig.sft_batch \(8\) must be a multiple of sft_shards \(3\)"),
     (["--set", "grup=3"], r"config error: --set grup: unknown field"),
+    (["--engines", "3", "--devices-per-engine", "4"],
+     r"config error: placement: engines_per_process=3 x devices_per_engine=4 = 12 devices, but this process has 8 "
+     r"local devices \(1 processes x 8 local devices\)"),
     (["--set", "rl_lr=-1"], r"config error: RecipeConfig.rl_lr must be a finite number > 0, got -1"),
 ])
 def test_mesh_and_overrides_are_checked_at_start(tmp_path, argv, match):
