@@ -72,8 +72,12 @@ def _wait(procs, timeout_s: float) -> None:
     assert not bad, bad
 
 
+def _raw(out: Path) -> list[dict]:
+    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+
+
 def _rows(out: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    rows = _raw(out)
     return [{k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC)} for r in rows]
 
 
@@ -153,8 +157,12 @@ def test_two_processes_run_the_recipe_like_one(runs):
         _assert_rows_equal([r for r in r2 if r.get("stage") == stage], [r for r in r1 if r.get("stage") == stage],
                            stage)
     assert len([r for r in r1 if r.get("stage") == "sft"]) >= 1
-    rl = [r for r in r1 if r.get("stage", "").startswith("rl_") and "reward" in r]
+    rl = [r for r in _raw(one) if r.get("stage", "").startswith("rl_") and "reward" in r]
+    assert s1["steps_per_stage"] == {"rl_stage1": 2, "rl_stage2": 1, "filter": 0, "rl_stage3": 1}
     assert all(r["n_kept"] > 0 and r["train/update_norm"] > 0 for r in rl)  # every RL step updated
+    assert all(r["tool_calls_executed"] > 0 for r in rl)  # the scripted policy's calls ran in the sandbox
+    # the learner and the rollout service are built once: nothing compiles after the first RL step
+    assert [r["compiles"] for r in rl[1:]] == [0] * (len(rl) - 1), [r["compiles"] for r in rl]
     assert sum(r.get("heldout_acc") is not None for r in r1) >= 2  # evaluation after SFT and later
     (c1, p1), (c2, p2) = _final(one), _final(two)
     assert c1["kept_ids"] == c2["kept_ids"] and c1["kept_ids"]  # the filter kept the same problems
