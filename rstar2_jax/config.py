@@ -48,7 +48,8 @@ class ModelConfig:
     model_type: str = "qwen3"
     # Random init: every weight ~ N(0, initializer_range^2) as HF Qwen (norms 1, biases 0); None = the
     # fan-in scaling the tiny test/demo configs were recorded with (std D^-1/2 per matmul, embedding 1).
-    initializer_range: float | None = 0.02
+    # Not compared: it only decides fresh weights, so a loaded model equals its config either way.
+    initializer_range: float | None = dataclasses.field(default=0.02, compare=False)
     # Training forward (no KV cache): attention kernel, its block length, remat policy, layer scan.
     attention_impl: str = "blockwise"  # "blockwise" (O(T x block) memory, any backend) | "dense" (T^2
     #   fp32 scores: the reference) | "pallas_gpu" (the Pallas/Triton flash kernel, GPU; interpreted on CPU)

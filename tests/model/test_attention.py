@@ -162,3 +162,40 @@ def test_bad_training_attention_options_name_the_field():
         ModelConfig.tiny(attention_block=0)
     with pytest.raises(ValueError, match="initializer_range"):
         ModelConfig.tiny(initializer_range=-1.0)
+
+
+def test_train_step_and_sft_step_match_dense_no_remat():
+    """One GRPO-RoC update and one SFT update on packed rows: the new defaults give the dense,
+    unrolled, no-remat losses, gradient norms and updated params (1e-5)."""
+    from rstar2_jax.data.chat import pack_sequences
+    from rstar2_jax.rl import RLConfig
+    from rstar2_jax.rl.config import OptimConfig
+    from rstar2_jax.rl.train_step import init_train_state, make_train_step
+    from rstar2_jax.sft import SFTConfig, make_sft_step
+
+    rng = np.random.default_rng(0)
+    examples = [(rng.integers(1, 60, n).tolist(), [0] * 3 + [1] * (n - 3)) for n in (9, 14, 5, 20, 7, 11)]
+    sft_batch = {k: jnp.asarray(v) for k, v in pack_sequences(examples, 32, 0).items()}
+    b, t = 4, 24
+    rl_batch = {"tokens": jnp.asarray(rng.integers(1, 60, (b, t)), jnp.int32),
+                "loss_mask": jnp.asarray(rng.random((b, t)) > 0.3, jnp.float32),
+                "advantages": jnp.asarray([1.0, -0.5, 0.25, -1.0], jnp.float32),
+                "segment_ids": jnp.asarray([[1] * 10 + [2] * 14, [1] * t, [1] * 20 + [0] * 4, [1] * 5 + [2] * 19])}
+    rl_batch["targets"] = jnp.roll(rl_batch["tokens"], -1, axis=1)
+    out = {}
+    for name in ("reference", "default"):
+        cfg = dataclasses.replace(ModelConfig.tiny(vocab_size=64), **VARIANTS[name])
+        graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
+        rl = RLConfig(optim=OptimConfig(lr=1e-3, warmup_steps=0), micro_batch_size=2, logprob_chunk_size=8)
+        state, m_rl = make_train_step(graphdef, rl, donate=False)(init_train_state(params, rl), rl_batch)
+        sft = SFTConfig(seq_len=32, batch_size=sft_batch["tokens"].shape[0], logprob_chunk_size=8,
+                        optim=OptimConfig(lr=1e-3, warmup_steps=0))
+        sft_state, m_sft = make_sft_step(graphdef, sft, donate=False)(init_train_state(params, sft.rl_view()),
+                                                                        sft_batch)
+        out[name] = (m_rl, m_sft, state.params, sft_state.params)
+    (r_rl, r_sft, r_p, r_sp), (n_rl, n_sft, n_p, n_sp) = out["reference"], out["default"]
+    for k in ("loss", "grad_norm"):
+        np.testing.assert_allclose(n_rl[k], r_rl[k], rtol=1e-5, err_msg=f"rl {k}")
+        np.testing.assert_allclose(n_sft[k], r_sft[k], rtol=1e-5, err_msg=f"sft {k}")
+    for a, b in zip(jax.tree.leaves(n_p) + jax.tree.leaves(n_sp), jax.tree.leaves(r_p) + jax.tree.leaves(r_sp)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
