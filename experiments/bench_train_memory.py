@@ -7,7 +7,7 @@ embedding), 4 layers, fp32, B = 1; loss = mean of ``token_logprobs`` (chunk 256)
 Each (path, T) runs in a fresh process: ``extra_gb`` is the process's peak RSS (VmHWM) above its RSS
 after init, over the first call (compile + run); ``xla_temp_gb`` is XLA's own plan of the step's
 temporary buffers (``compiled.memory_analysis()``: what a device would need beyond params, inputs and
-outputs); ``s`` is the second call's wall time. T = 8192 runs for the new path only (dense would need
+outputs); ``s`` is that call's run time (its wall time less the compile). T = 8192 runs for the new path only (dense would need
 ~70 GB). Also: the compile time of the 28-layer stack, scanned vs unrolled (T = 512, lower + compile),
 and the activation bytes per token per layer of each remat policy (XLA's plan; the memory plan's input).
 
@@ -43,8 +43,9 @@ def _config(path: str, layers: int):
                        head_dim=128, intermediate_size=3072, tie_embeddings=True, **PATHS[path])
 
 
-def child_step(path: str, t: int, layers: int) -> dict:
-    """One (path, T) measurement in this (fresh) process."""
+def child_step(path: str, t: int, layers: int, once: bool = False) -> dict:
+    """One (path, T) measurement in this (fresh) process; ``once``: no second call (``s`` is the first
+    call's run time, compile excluded)."""
     import jax
     import jax.numpy as jnp
     from flax import nnx
@@ -69,9 +70,11 @@ def child_step(path: str, t: int, layers: int) -> dict:
     first_s = time.perf_counter() - t0
     extra = _rss_gb("VmHWM") - base
     t0 = time.perf_counter()
-    jax.block_until_ready(compiled(params, x, y))
+    if not once:
+        jax.block_until_ready(compiled(params, x, y))
+    s = first_s - compile_s if once else time.perf_counter() - t0
     return dict(path=path, T=t, layers=layers, extra_gb=extra, xla_temp_gb=mem.temp_size_in_bytes / 2**30,
-                compile_s=compile_s, first_s=first_s, s=time.perf_counter() - t0, base_gb=base)
+                compile_s=compile_s, first_s=first_s, s=s, base_gb=base)
 
 
 def child_compile(scan: bool, layers: int, t: int) -> dict:
@@ -134,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.child:
         kind, *rest = args.child
-        res = (child_step(rest[0], int(rest[1]), int(rest[2])) if kind == "step"
+        res = (child_step(rest[0], int(rest[1]), int(rest[2]), once=len(rest) > 3) if kind == "step"
                else child_plan(int(rest[0])) if kind == "plan"
                else child_compile(rest[0] == "scan", int(rest[1]), int(rest[2])))
         print(json.dumps(res))
@@ -150,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(p, t) for t in ts for p in ("dense", "new")] + [("new", 2 * ts[-1])]
     rows = {}
     for p, t in tqdm(jobs, desc="fresh process per (path, T)"):
-        rows[p, t] = _run_child("step", p, str(t), str(layers))
+        rows[p, t] = _run_child("step", p, str(t), str(layers), "once")  # one call: its run time, compile excluded
         print(json.dumps(rows[p, t]), flush=True)
     comp_layers, comp_t = (4, 256) if args.quick else (28, 512)
     comp = {s: _run_child("compile", s, str(comp_layers), str(comp_t)) for s in ("scan", "unrolled")}
