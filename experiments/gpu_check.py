@@ -1,0 +1,80 @@
+"""The prepared accelerator check (issue 27's "GPU check"): run it as one command on a lent GPU.
+
+Qwen3-0.6B's shape (28 layers, hidden 1024, 16/8 heads of 128, MLP 3072, vocabulary 151,936, tied),
+random HF-like init, bf16 params and compute, B = 1: ``value_and_grad`` of the mean ``token_logprobs``
+at T in {8192, 16384} for each training attention (``pallas_gpu`` flash kernel, ``blockwise``) with
+full per-layer remat and the scanned stack. Prints, per case, the device's peak bytes in use
+(``memory_stats()["peak_bytes_in_use"]``; reset by running each case in a fresh process), XLA's
+temporary-buffer plan, the compile time and the median of 3 timed steps, and a last line
+``gpu_check: ...``. A case that fails prints its error and the others still run.
+
+    python experiments/gpu_check.py                 # on the GPU machine (~5 min)
+    python experiments/gpu_check.py --quick         # CPU smoke test: 2 layers, T in {256}, blockwise only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+
+def case(impl: str, t: int, layers: int, dtype: str) -> dict:
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from rstar2_jax.config import ModelConfig
+    from rstar2_jax.model import Qwen3, split_policy, token_logprobs
+
+    cfg = ModelConfig(vocab_size=151936, hidden_size=1024, num_layers=layers, num_heads=16, num_kv_heads=8,
+                      head_dim=128, intermediate_size=3072, tie_embeddings=True, dtype=dtype, param_dtype=dtype,
+                      attention_impl=impl)
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    toks = jax.random.randint(jax.random.key(0), (1, t + 1), 0, cfg.vocab_size)
+    fn = jax.jit(jax.value_and_grad(lambda p, x, y: jnp.mean(token_logprobs(graphdef, p, x, y, chunk_size=1024))))
+    t0 = time.perf_counter()
+    compiled = fn.lower(params, toks[:, :-1], toks[:, 1:]).compile()
+    compile_s = time.perf_counter() - t0
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        loss, _ = jax.block_until_ready(compiled(params, toks[:, :-1], toks[:, 1:]))
+        times.append(time.perf_counter() - t0)
+    stats = jax.devices()[0].memory_stats() or {}
+    return dict(impl=impl, T=t, layers=layers, dtype=dtype, device=str(jax.devices()[0].device_kind),
+                peak_gb=stats.get("peak_bytes_in_use", float("nan")) / 2**30,
+                xla_temp_gb=compiled.memory_analysis().temp_size_in_bytes / 2**30, compile_s=compile_s,
+                step_s=statistics.median(times), loss=float(loss))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--case", nargs=4, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.case:
+        impl, t, layers, dtype = args.case
+        print(json.dumps(case(impl, int(t), int(layers), dtype)))
+        return 0
+    cases = ([("blockwise", 256, 2, "float32")] if args.quick else
+             [(impl, t, 28, "bfloat16") for t in (8192, 16384) for impl in ("pallas_gpu", "blockwise")])
+    results, failed = [], 0
+    for c in cases:
+        out = subprocess.run([sys.executable, __file__, "--case", *map(str, c)], capture_output=True, text=True)
+        if out.returncode:
+            failed += 1
+            print(f"{c}: FAILED (exit {out.returncode})\n{out.stderr[-3000:]}", flush=True)
+            continue
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+        print(json.dumps(results[-1]), flush=True)
+    print("gpu_check: " + ", ".join(f"{r['impl']}@{r['T']}: peak {r['peak_gb']:.1f} GB, {r['step_s']:.2f} s"
+                                    for r in results) + f", failed = {failed}")
+    return int(failed > 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
