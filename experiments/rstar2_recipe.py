@@ -216,7 +216,8 @@ def main(argv: list[str] | None = None) -> dict:
             for e in engines:  # each engine's executables are tied to its devices: compile them all once, now
                 e.warmup()
             if args.dry_run:  # see the module docstring: a random policy earns no reward
-                script = dry_run_script([*problems, *(eval_problems or [])], tok, tpl)
+                # the first problem is solved by every sample: RoC drops its groups, the filter drops it
+                script = dry_run_script([*problems, *(eval_problems or [])], tok, tpl, solved={problems[0].id})
                 engines = [ScriptedPolicy(e, script) for e in engines]
             return Rollout(engines, pool, tok, RolloutConfig(
                 n_samples=cfg.samples_per_problem, budget=cfg.stage1_budget, template=tpl,

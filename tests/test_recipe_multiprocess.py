@@ -166,6 +166,10 @@ def test_two_processes_run_the_recipe_like_one(runs):
     assert sum(r.get("heldout_acc") is not None for r in r1) >= 2  # evaluation after SFT and later
     (c1, p1), (c2, p2) = _final(one), _final(two)
     assert c1["kept_ids"] == c2["kept_ids"] and c1["kept_ids"]  # the filter kept the same problems
+    pool = [json.loads(x)["id"] for x in (one / "dry_rl.jsonl").read_text().splitlines()][:4]  # filter_pool 4
+    assert c1["kept_ids"] == pool[1:]  # the scripted policy solves the first problem 2/2: it was dropped
+    filt = [r for r in r1 if r.get("stage") == "filter"]
+    assert [(r["filter_pool"], r["filter_kept"]) for r in filt] == [(4, 3)]
     assert c2["rollout"] is not None and len(c2["rollout"]) == 2  # each process's dispatcher state
     for a, b in zip(p1, p2):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)

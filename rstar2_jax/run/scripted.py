@@ -2,7 +2,8 @@
 group holds right and wrong answers, so every step keeps rows and updates.
 
 Turn 0 calls the Python tool with the problem's own program (a toy problem's ``code``: it runs in the
-sandbox for real); turn 1 boxes the gold answer (even samples) or gold + 1 (odd samples). Used by
+sandbox for real); turn 1 boxes the gold answer (even samples) or gold + 1 (odd samples); problems
+named ``solved`` get the gold answer from every sample. Used by
 the recipe's ``--dry-run`` (a random policy never earns a reward) and the demo's ``--scripted-policy``
 (its golden test: the updates, RoC and resume of steps that train).
 """
@@ -10,7 +11,7 @@ the recipe's ``--dry-run`` (a random policy never earns a reward) and the demo's
 from __future__ import annotations
 
 import json
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 
@@ -22,9 +23,12 @@ def _code(p: Any) -> str:
     return code
 
 
-def mixed_script(problems: Sequence[Any], tok: Any, tpl: TemplateConfig) -> Callable[[tuple[int, ...], int, int],
-                                                                                    list[int]]:
-    """``script(prompt ids, child, turn) -> ids`` for ``problems`` (integer answers)."""
+def mixed_script(problems: Sequence[Any], tok: Any, tpl: TemplateConfig, *, solved: Collection[str] = ()
+                 ) -> Callable[[tuple[int, ...], int, int], list[int]]:
+    """``script(prompt ids, child, turn) -> ids`` for ``problems`` (integer answers); the problems whose
+    id is in ``solved`` are answered right by every sample (uniform groups: RoC drops them, the
+    stage-3 filter removes them)."""
+    solved = {str(i) for i in solved}
     by_prompt = {tuple(tok.encode(render_prompt(p.problem, tpl))): p for p in problems}
 
     def script(prompt: tuple[int, ...], child: int, turn: int) -> list[int]:
@@ -32,7 +36,7 @@ def mixed_script(problems: Sequence[Any], tok: Any, tpl: TemplateConfig) -> Call
         if turn == 0:
             call = json.dumps({"name": TOOL_NAME, "arguments": {"code": _code(p), "input": ""}})
             return tok.encode(f"Use python.\n<tool_call>{call}</tool_call>")
-        value = p.answer if child % 2 == 0 else str(int(p.answer) + 1)
+        value = p.answer if child % 2 == 0 or str(p.id) in solved else str(int(p.answer) + 1)
         return tok.encode(f"Done.</reason><answer>\\boxed{{{value}}}</answer><|im_end|>")
 
     return script
