@@ -186,10 +186,13 @@ def test_train_step_and_sft_step_match_dense_no_remat():
     for name in ("reference", "default"):
         cfg = dataclasses.replace(ModelConfig.tiny(vocab_size=64), **VARIANTS[name])
         graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
-        rl = RLConfig(optim=OptimConfig(lr=1e-3, warmup_steps=0), micro_batch_size=2, logprob_chunk_size=8)
+        # Adam's eps = 1 makes the first update ~ lr * g (continuous in g): with the default eps a gradient
+        # of ~1e-9 turns into a full ±lr step whose sign is float noise
+        optim = OptimConfig(lr=1e-3, warmup_steps=0, eps=1.0)
+        rl = RLConfig(optim=optim, micro_batch_size=2, logprob_chunk_size=8)
         state, m_rl = make_train_step(graphdef, rl, donate=False)(init_train_state(params, rl), rl_batch)
         sft = SFTConfig(seq_len=32, batch_size=sft_batch["tokens"].shape[0], logprob_chunk_size=8,
-                        optim=OptimConfig(lr=1e-3, warmup_steps=0))
+                        optim=optim)
         sft_state, m_sft = make_sft_step(graphdef, sft, donate=False)(init_train_state(params, sft.rl_view()),
                                                                         sft_batch)
         out[name] = (m_rl, m_sft, state.params, sft_state.params)
