@@ -39,6 +39,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.attention import dense_attention
 
 KVLayer = tuple[jax.Array, jax.Array]  # (k_pages [P,Z,K,H], v_pages [P,Z,K,H])
 # A decode kernel: (q_rnh, layer, block_tables_rm, lengths_r) -> out_rnh for single-query rows whose
@@ -121,16 +122,9 @@ KV_BLOCK = 64  # key positions per online-softmax block
 
 def attention_over_keys(q_rqnh: Float[Array, "R Q N H"], k_rskh: Float[Array, "R S K H"],
                         v_rskh: Float[Array, "R S K H"], mask_rqs: Bool[Array, "R Q S"]) -> Float[Array, "R Q N H"]:
-    """Masked GQA softmax attention over materialised keys (the plain one-block form)."""
-    r, q, n, h = q_rqnh.shape
-    kh = k_rskh.shape[2]
-    qg = q_rqnh.reshape(r, q, kh, n // kh, h)
-    scores = jnp.einsum("RQKGH,RSKH->RKGQS", qg, k_rskh, preferred_element_type=jnp.float32)
-    scores = scores / jnp.sqrt(jnp.float32(h))
-    scores = jnp.where(mask_rqs[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v_rskh.dtype)
-    out = jnp.einsum("RKGQS,RSKH->RQKGH", probs, v_rskh)
-    return out.reshape(r, q, n, h)
+    """Masked GQA softmax attention over materialised keys (the plain one-block form): the training
+    reference ``model.attention.dense_attention`` with rows as its batch."""
+    return dense_attention(q_rqnh, k_rskh, v_rskh, mask_rqs)
 
 
 def blockwise_attention(q_rqnh: Float[Array, "R Q N H"], q_pos_rq: Int[Array, "R Q"],
