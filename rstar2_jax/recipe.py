@@ -173,7 +173,10 @@ class RecipeConfig:
                     raise ValueError(f"RecipeConfig.mesh: unknown key {extra[0]!r} (known: {sorted(keys)})")
                 raw["mesh"] = MeshConfig(**raw["mesh"])
             raw.update(overrides)
-            return cls(**raw)
+            cfg = cls(**raw)
+            from rstar2_jax.plan import check_recipe
+            check_recipe(cfg)  # the memory plan: a run that cannot fit its devices is refused, with the table
+            return cfg
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
 
