@@ -40,6 +40,7 @@ from rstar2_jax.eval.load_policy import toy_model_config  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.rewards import RewardFn  # noqa: E402
 from rstar2_jax.rl import LossConfig, OptimConfig, RLConfig, RocConfig  # noqa: E402
+from rstar2_jax.rl.config import AGG_MODES, AdvantageConfig, AdvantageKind, KLEstimator, LossKind  # noqa: E402
 from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state  # noqa: E402
 from rstar2_jax.rollout.dispatcher import RolloutConfig  # noqa: E402
 from rstar2_jax.rollout.template import TemplateConfig  # noqa: E402
@@ -83,6 +84,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--group", type=int, default=4, help="G kept per problem (2G sampled)")
     ap.add_argument("--rl-lr", type=float, default=3e-4)
     ap.add_argument("--budget", type=int, default=192, help="response tokens per trajectory, tools included")
+    ap.add_argument("--loss-kind", default="ppo_clip", choices=[k.value for k in LossKind],
+                    help="policy surrogate (docs/design.md §5): ppo_clip is the paper's; each kind has its own "
+                         "clip epsilons and aggregation unless --agg-mode is given")
+    ap.add_argument("--adv-kind", default="grpo", choices=[k.value for k in AdvantageKind],
+                    help="advantage estimator on the kept G (grpo: the paper's; dr_grpo: no std; rloo; reinforce_pp)")
+    ap.add_argument("--agg-mode", default=None, choices=AGG_MODES,
+                    help="loss aggregation; default: the loss kind's. seq-mean-token-sum-norm divides each "
+                         "sequence's token sum by L_max = --budget (Dr.GRPO)")
+    ap.add_argument("--kl-coef", type=float, default=0.0,
+                    help="beta of a KL penalty to the frozen SFT policy (0 = off, the paper); the reference is saved "
+                         "once in <out>/reference")
+    ap.add_argument("--kl-estimator", default="k3", choices=[k.value for k in KLEstimator])
+    ap.add_argument("--entropy-coef", type=float, default=0.0, help="entropy bonus coefficient (0 = off, the paper)")
     ap.add_argument("--eval-every", type=int, default=10)
     ap.add_argument("--n-eval", type=int, default=200, help="held-out problems")
     ap.add_argument("--engines", type=int, default=2, help="engines (per process)")
@@ -137,6 +151,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.old_logp == "sampler" and args.temperature != 1.0:
         errors.append(f"--old-logp sampler needs --temperature 1 (sampler log-probs are temperature-1), "
                       f"got {args.temperature}")
+    for name in ("kl_coef", "entropy_coef"):
+        if getattr(args, name) < 0:
+            errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     for name in ("sft_epochs", "sft_lr", "rl_lr", "temperature"):
         if not getattr(args, name) > 0:
             errors.append(f"--{name.replace('_', '-')} must be > 0, got {getattr(args, name)}")
@@ -179,6 +196,13 @@ def make_tokenizer(args: argparse.Namespace, records: list[dict], tpl: TemplateC
     tok = train_byte_bpe(texts, args.bpe_vocab)
     tok.save(out)
     return tok
+
+
+def loss_config(args: argparse.Namespace) -> LossConfig:
+    """The RL loss the flags ask for; ``seq-mean-token-sum-norm``'s L_max is the response budget."""
+    return LossConfig(kind=args.loss_kind, agg_mode=args.agg_mode,
+                      norm_len=args.budget if args.agg_mode == "seq-mean-token-sum-norm" else None,
+                      kl_coef=args.kl_coef, kl_estimator=args.kl_estimator, entropy_coef=args.entropy_coef)
 
 
 def _sft_key(args: argparse.Namespace) -> str:
@@ -238,7 +262,7 @@ def main(argv: list[str] | None = None) -> dict:
                         optim=OptimConfig(lr=args.sft_lr, warmup_steps=20, weight_decay=0.01))
     rl_cfg = RLConfig(roc=RocConfig(keep_per_group=args.group, mode=args.roc_mode),
                       optim=OptimConfig(lr=args.rl_lr, warmup_steps=3, weight_decay=0.01, max_grad_norm=1.0),
-                      loss=LossConfig(), logprob_chunk_size=128, old_logp_source=args.old_logp,
+                      advantage=AdvantageConfig(kind=args.adv_kind), loss=loss_config(args), logprob_chunk_size=128, old_logp_source=args.old_logp,
                       temperature=args.temperature)
 
     with open_pool(args.sandbox_backend, workers=args.sandbox_workers, limits=limits,

@@ -91,8 +91,10 @@ def _rows(out: Path) -> list[dict]:
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_kill9_then_resume_equals_uninterrupted(tmp_path):
-    straight = _run(tmp_path / "straight")
-    killed = _run(tmp_path / "killed")
+    # a non-default objective with the KL term: the resumed process reads the reference policy back
+    objective = ["--loss-kind", "gspo", "--adv-kind", "dr_grpo", "--kl-coef", "0.05"]
+    straight = _run(tmp_path / "straight", objective)
+    killed = _run(tmp_path / "killed", objective)
     metrics = tmp_path / "killed" / "metrics.jsonl"
     deadline = time.time() + 600
     # SIGKILL once the run is inside RL (RL step 2 of 4 logged; its checkpoint may or may not be written)
@@ -104,10 +106,11 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path):
         time.sleep(0.2)
     killed.wait()
     assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    resumed = _run(tmp_path / "killed", ["--resume"])
+    resumed = _run(tmp_path / "killed", [*objective, "--resume"])
     assert resumed.wait(timeout=900) == 0, resumed.stderr.read().decode()[-2000:]
     assert straight.wait(timeout=900) == 0, straight.stderr.read().decode()[-2000:]
     got, want = _rows(tmp_path / "killed"), _rows(tmp_path / "straight")
     assert got == want
     rl = [r for r in want if r.get("stage") == "rl" and "reward" in r]
     assert len(rl) == 4 and all(r["n_kept"] > 0 and r["train/update_norm"] > 0 for r in rl)  # updating steps
+    assert all(r["train/kl"] > 0 for r in rl[1:]) and (tmp_path / "killed" / "reference").is_dir()  # KL to pi_ref ran

@@ -34,6 +34,7 @@ from rstar2_jax.eval.evaluate import EvalConfig, evaluate
 from rstar2_jax.learner import Learner, LearnerConfig
 from rstar2_jax.loop import rl_step
 from rstar2_jax.rl.config import RLConfig
+from rstar2_jax.rl.reference import load_reference, save_reference
 from rstar2_jax.rl.train_step import TrainState, init_train_state, reset_optimizer
 from rstar2_jax.run.resume import Cursor, open_checkpoints, step_seed
 from rstar2_jax.sft import SFTConfig, shard_owner, train_sft_shards
@@ -200,11 +201,23 @@ class _Run:
     def start_rl(self) -> None:
         """The run's two long-lived owners for every RL stage: the rollout service and the learner."""
         self.rollout, self.eval_engines = self.p.make_rollout()
-        self.learner = Learner(self.p.graphdef, self.state, self.p.learner, pad_id=self.p.pad_id, mesh=self.p.mesh)
+        self.learner = Learner(self.p.graphdef, self.state, self.p.learner, pad_id=self.p.pad_id, mesh=self.p.mesh,
+                               ref_params=self.reference_policy())
         self.rollout.sync(self.learner.params)
         states = self.cursor.rollout
         if states is not None and len(states) == jax.process_count():
             self.rollout.load_state(states[jax.process_index()])  # the dispatcher's history, as it was
+
+    def reference_policy(self):
+        """π_ref of the KL term (``rl.loss.kl_coef`` > 0; else None): the policy RL starts from (after SFT),
+        saved once in ``<out>/reference`` and read back from there by a resumed run."""
+        if not self.p.rl.loss.uses_reference:
+            return None
+        folder = self.rc.out / "reference"
+        if int(self.state.step) == 0 and self.cursor.global_step == 0:
+            save_reference(self.state.params, folder)
+            return self.state.params
+        return load_reference(folder, like=self.state.params)
 
     def evaluate(self, tag: str) -> dict[str, float]:
         if self.p.eval_problems is None:
