@@ -6,10 +6,12 @@ at T in {8192, 16384} for each training attention (``pallas_gpu`` flash kernel, 
 full per-layer remat and the scanned stack. Prints, per case, the device's peak bytes in use
 (``memory_stats()["peak_bytes_in_use"]``; reset by running each case in a fresh process), XLA's
 temporary-buffer plan, the compile time and the median of 3 timed steps, and a last line
-``gpu_check: ...``. A case that fails prints its error and the others still run.
+``gpu_check: ...``. A case that fails prints its error and the others still run. Then part 2
+(issue 33): ``bench_real_shapes.py`` with the 0.6B shape in bf16, ``attention_impl="pallas_gpu"`` and
+the scanned stack, through the recipe's driver; its summary line and a cell of the last line.
 
-    python experiments/gpu_check.py                 # on the GPU machine (~5 min)
-    python experiments/gpu_check.py --quick         # CPU smoke test: 2 layers, T in {256}, blockwise only
+    python experiments/gpu_check.py                 # on the GPU machine (~5 min + part 2, not yet timed)
+    python experiments/gpu_check.py --quick         # CPU smoke: 2 layers, T in {256}, blockwise; part 2 tiny (~5 min)
 """
 
 from __future__ import annotations
@@ -71,9 +73,44 @@ def main(argv: list[str] | None = None) -> int:
             continue
         results.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(results[-1]), flush=True)
+    real, ok = real_shapes(args.quick)
+    failed += not ok
     print("gpu_check: " + ", ".join(f"{r['impl']}@{r['T']}: peak {r['peak_gb']:.1f} GB, {r['step_s']:.2f} s"
-                                    for r in results) + f", failed = {failed}")
+                                    for r in results) + f", {real}, failed = {failed}")
     return int(failed > 0)
+
+
+def real_shapes(quick: bool) -> tuple[str, bool]:
+    """Part 2: ``bench_real_shapes.py`` on the device: Qwen3-0.6B's shape (28 layers) in bf16 with the
+    Pallas attention and the scanned stack, through the recipe's driver (one SFT and two RL steps,
+    real engine and sandbox). ``--quick``: a 2-layer tiny-width smoke on CPU. Its summary line is
+    echoed; returns (a short cell for the last line, whether it met its targets)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    data = here.parents[1] / "shared" / "data" / "aime24.jsonl"
+    if not data.exists():
+        data = here.parent / "shared" / "data" / "aime24.jsonl"
+    if not data.exists():
+        print(f"real_shapes: SKIPPED (no AIME24 data at {data})", flush=True)
+        return "real_shapes: skipped (no data)", False
+    extra = (["--model", "tiny", "--layers", "2", "--platform", "cpu"] if quick else
+             ["--attention", "pallas_gpu", "--scan", "--platform", "", "--kv-gb", "4"])
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(here / "bench_real_shapes.py"), "--data", str(data), "--json", f"{tmp}/r.json", *extra]
+        out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "XLA_FLAGS": ""})
+        lines = [ln for ln in out.stdout.splitlines() if ln.startswith(("bench_real_shapes:", "real shapes"))]
+        print("\n".join(lines) if lines else f"real_shapes: FAILED (exit {out.returncode})\n{out.stderr[-3000:]}",
+              flush=True)
+        if not Path(f"{tmp}/r.json").exists():
+            return "real_shapes: failed", False
+        r = json.loads(Path(f"{tmp}/r.json").read_text())
+    last = r["rl"][-1] if r["rl"] else {}
+    cell = (f"real_shapes ({r['layers']} layers, {r['attention']}): device peak {r['device_peak_gb']:.1f} GB "
+            f"(plan {r['plan_peak_gb']:.1f}), RL step {last.get('step_s', float('nan')):.1f} s")
+    return cell, out.returncode == 0
 
 
 if __name__ == "__main__":

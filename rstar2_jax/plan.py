@@ -12,7 +12,9 @@ a run can be planned before anything is downloaded. The recipe (``RecipeConfig.f
 Per device, in two phases (SFT: the trainer alone; RL: the trainer and the engines):
 
 * **parameters**: P x bytes(param_dtype) / (fsdp x tensor) (``model/sharding.py``: every weight has
-  an ``embed`` axis on fsdp and a heads / mlp / vocab axis on tensor; the data axis replicates).
+  an ``embed`` axis on fsdp and a heads / mlp / vocab axis on tensor; the data axis replicates), twice:
+  the train state's and the initial params that ``run.driver`` keeps (``Parts.params``; the train
+  state starts from a copy because the update donates it).
 * **gradients**: the update's fp32 accumulator (``rl/train_step._accumulate``) plus one micro-batch's
   gradient in param_dtype, sharded like the parameters; plus one vocabulary-sized fp32 buffer
   (V x D x 4, the embedding gradient's gather scatter; docs/design.md §6.1) per tensor shard.
@@ -127,6 +129,7 @@ class PlanInput:
     engine_weight_dtype: str  # the engines' copy of the weights
     kv_bytes_per_engine: int  # the K/V pool of one engine (all its devices)
     reference_copy: bool = False  # a frozen π_ref (KL term) beside the policy
+    initial_copy: bool = True  # run.driver keeps the initial params (Parts.params) beside the train state's
     runtime_bytes: int = 0  # fixed allowance (the process baseline on CPU)
 
     def __post_init__(self) -> None:
@@ -150,7 +153,8 @@ def _phase(inp: PlanInput, phase: str, micro_rows: int | None = None) -> dict[st
     pb, cb = _ITEMSIZE[m.param_dtype], _ITEMSIZE[m.dtype]
     shards = fsdp * tp
     out = dict.fromkeys(ROWS, 0.0)
-    out["parameters"] = total * pb / shards * (2 if inp.reference_copy and phase == "rl" else 1)
+    copies = 1 + inp.initial_copy + (inp.reference_copy and phase == "rl")
+    out["parameters"] = copies * total * pb / shards
     out["gradients"] = total * (4 + pb) / shards + m.vocab_size * m.hidden_size * 4 / tp
     out["optimizer state"] = 2 * total * pb / shards
     if m.scan_layers and m.num_layers > 1:
@@ -216,7 +220,7 @@ class Plan:
                  f"  {inp.devices} devices ({inp.devices // inp.devices_per_process} processes x "
                  f"{inp.devices_per_process}); trainer mesh data {data} x fsdp {fsdp} x tensor {tp}; engines "
                  f"{inp.engines_per_process} per process x TP {inp.devices_per_engine} ({inp.engine_weight_dtype} "
-                 f"weights, K/V {inp.kv_bytes_per_engine / GB:.1f} GB each)"]
+                 f"weights, K/V {inp.kv_bytes_per_engine / GB:.2f} GB each)"]
         phases = list(self.phases)
         desc = {"sft": f"SFT: {inp.sft_micro_rows or inp.sft_rows} x {inp.sft_seq_len}",
                 "rl": f"RL: {inp.rl_micro_rows or inp.rl_rows} x {inp.rl_seq_len}"}
