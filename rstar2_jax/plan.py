@@ -328,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices-per-process", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=1024, help="longest rendered prompt assumed")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON", help="override a config field")
+    ap.add_argument("--micro-batch", type=int, default=None, help="RL rows per micro-batch (global; RLConfig."
+                    "micro_batch_size, which the recipe config does not set yet: default the whole batch)")
+    ap.add_argument("--sft-micro-batch", type=int, default=None, help="SFT rows per micro-batch (global)")
     args = ap.parse_args(argv)
     raw = json.loads(Path(args.config).read_text())
     for item in args.set:
@@ -351,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         model = dataclasses.replace(preset(args.model or model_path or ""), dtype=cfg.dtype)
     inp = from_recipe(cfg, model, devices=devices, devices_per_process=min(args.devices_per_process, devices),
                       prompt_tokens=args.prompt_tokens)
+    inp = dataclasses.replace(inp, rl_micro_rows=args.micro_batch, sft_micro_rows=args.sft_micro_batch)
     plan = make_plan(inp, args.device_memory)
     print(plan.table())
     return 0 if plan.fits is not False else 1
