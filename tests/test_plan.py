@@ -54,7 +54,7 @@ def test_presets_are_the_public_sizes():
 def test_phase_arithmetic_on_a_tiny_config():
     plan = make_plan(_tiny_input())
     rl = plan.phases["rl"]
-    assert rl["parameters"] == 90496 * 4  # 361,984 (fp32, 1 device)
+    assert rl["parameters"] == 2 * 90496 * 4  # 723,968: the train state's + the driver's initial copy (fp32)
     assert rl["gradients"] == 90496 * (4 + 4) + 128 * 64 * 4  # fp32 accumulator + micro grad + V x D fp32
     assert rl["optimizer state"] == 2 * 90496 * 4  # AdamW m, v
     assert rl["layer-stack copies"] == 2 * 2 * 37024 * 4  # stacked params + grads of 2 layers
@@ -64,7 +64,8 @@ def test_phase_arithmetic_on_a_tiny_config():
     acts = 2 * 32 * (2 * 256 + NONE_FACTOR * 512 * 4) + 49152 + 32768
     assert rl["activations / micro-batch"] == pytest.approx(acts)  # ~525,653
     assert rl["engines' weights"] == 90496 * 4 and rl["engines' K/V pool"] == 2**20
-    assert plan.total("rl") == pytest.approx(361984 + 756736 + 723968 + 592384 + acts + 361984 + 2**20)
+    assert plan.total("rl") == pytest.approx(723968 + 756736 + 723968 + 592384 + acts + 361984 + 2**20)
+    assert make_plan(_tiny_input(initial_copy=False)).phases["rl"]["parameters"] == 90496 * 4
     assert "sft" not in plan.phases and plan.fits is None
 
 
