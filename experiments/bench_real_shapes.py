@@ -100,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--problems", type=int, default=1, help="RL problems per step (2 samples each, G = 2)")
     ap.add_argument("--budget", type=int, default=128, help="response tokens per trajectory")
     ap.add_argument("--rl-steps", type=int, default=2)
-    ap.add_argument("--kv-gb", type=float, default=0.25, help="the engine's K/V pool")
+    ap.add_argument("--kv-pages", type=int, default=None, help="the engine's K/V pool in pages of 16 (default: "
+                    "exactly the slots' longest sequences, + the null page)")
     ap.add_argument("--out", default=None, help="run folder (default: a temporary one)")
     ap.add_argument("--tokenizer-dir", default=None, help="default: the qwen_tokenizer cache")
     ap.add_argument("--json", default=None, help="also write the results here")
@@ -132,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
     from rstar2_jax.rollout.weight_sync import WeightSync
     from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, rl_rows, run
-    from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature
+    from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature, kv_cache
     from rstar2_jax.sampling.placement import PlacementConfig, plan_placement
     from rstar2_jax.sandbox import CodeRequest, SandboxLimits
     from rstar2_jax.sandbox.backend import open_pool
@@ -182,8 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         results["init_s"] = time.perf_counter() - t0
         results["init_rss_gb"] = _status_gb("VmRSS")
         rl_cfg = RLConfig(roc=RocConfig(keep_per_group=2), optim=OptimConfig(lr=1e-6, warmup_steps=0))
-        ecfg = EngineConfig(num_slots=2 * args.problems, page_size=16, max_seq_len=seq_len + 64,
-                            kv_memory_bytes=int(args.kv_gb * GB), prefill_chunk=128)
+        max_seq = seq_len + 64
+        pages = args.kv_pages or 2 * args.problems * -(-max_seq // 16) + 1
+        kv_bytes = pages * kv_cache.page_bytes(mcfg, 16)
+        ecfg = EngineConfig(num_slots=2 * args.problems, page_size=16, max_seq_len=max_seq, num_pages=pages,
+                            prefill_chunk=128)
         placement_cfg = PlacementConfig(devices_per_engine=1, engines_per_process=1)
         phase_peaks: dict[str, float] = {}
         resets = [_reset_peak()]
@@ -239,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     inp = PlanInput(model=mcfg, devices=1, devices_per_process=1, mesh=(1, 1, 1), rl_rows=2 * args.problems,
                     rl_micro_rows=None, rl_seq_len=t_rl, rl_chunk=rl_cfg.logprob_chunk_size, sft_rows=1,
                     sft_seq_len=sft_len, sft_chunk=256, engines_per_process=1, devices_per_engine=1,
-                    engine_weight_dtype=args.dtype, kv_bytes_per_engine=int(args.kv_gb * GB),
+                    engine_weight_dtype=args.dtype, kv_bytes_per_engine=kv_bytes,
                     runtime_bytes=0 if "peak_bytes_in_use" in dev_stats else int(baseline_gb * GB))
     plan = make_plan(inp)
     print(plan.table())
@@ -257,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     finite = bool(rl) and all(math.isfinite(r.get("train/loss", float("nan"))) for r in rl) and math.isfinite(
         results["sft_loss"])
     print(f"real shapes ({args.model}, {mcfg.num_layers} layers, {args.dtype}, {args.attention}, "
-          f"{results['device']}): device peak {results['device_peak_gb']:.2f} GB, peak RSS {results['peak_rss_gb']:.2f} GB "
+          f"{results['device']}): device peak {results['device_peak_gb']:.2f} GB (nan: CPU), peak RSS {results['peak_rss_gb']:.2f} GB "
           f"(SFT {phase_peaks.get('sft', float('nan')):.2f}, RL {phase_peaks['rl']:.2f}; baseline {baseline_gb:.2f}), "
           f"plan {results['plan_peak_gb']:.2f} GB; SFT {results['sft_s']:.0f} s; RL steps "
           + ", ".join(f"{r.get('step_s', float('nan')):.0f} s (rollout {r.get('time_rollout_s', 0):.0f}, "

@@ -97,7 +97,7 @@ def real_shapes(quick: bool) -> tuple[str, bool]:
         print(f"real_shapes: SKIPPED (no AIME24 data at {data})", flush=True)
         return "real_shapes: skipped (no data)", False
     extra = (["--model", "tiny", "--layers", "2", "--platform", "cpu"] if quick else
-             ["--attention", "pallas_gpu", "--scan", "--platform", "", "--kv-gb", "4"])
+             ["--attention", "pallas_gpu", "--scan", "--platform", ""])
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, str(here / "bench_real_shapes.py"), "--data", str(data), "--json", f"{tmp}/r.json", *extra]
         out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "XLA_FLAGS": ""})
