@@ -14,7 +14,7 @@ Workloads:
     program from a mix (arithmetic, numpy, light sympy, and sympy integrate/primerange of ~0.5-2 s);
 (c) heterogeneous engines: (a)'s shape on engine 0 as is and engine 1 at half speed (after each real
     step its host sleeps as long again: a device at half the speed);
-(d) SIMULATED paper scale: ``rollout.simulate`` (the real ``AdmissionLedger``) with step costs
+(d) SIMULATED paper scale: ``admission.simulate`` (the real ``AdmissionLedger``) with step costs
     measured here as a function of rows, prefill chunks and context length, (b)'s shape, program
     latencies as measured in (b).
 
@@ -54,8 +54,8 @@ from rollout_workload import (PROGRAMS, TOK, EngineHost, Workload, history, make
                               sim_groups)
 from rstar2_jax.rollout import TemplateConfig, render_prompt  # noqa: E402
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig  # noqa: E402
-from rstar2_jax.rollout.engine_proc import ProcessEngine  # noqa: E402
-from rstar2_jax.rollout.simulate import SimEngine, SimPolicy, simulate  # noqa: E402
+from rstar2_jax.sampling.engine_proc import ProcessEngine  # noqa: E402
+from rstar2_jax.admission.simulate import SimEngine, SimPolicy, simulate  # noqa: E402
 from rstar2_jax.sampling import EngineConfig  # noqa: E402
 from rstar2_jax.sandbox import CodeRequest, SandboxLimits, SandboxPool  # noqa: E402
 from rstar2_jax.utils.bench import Metric, report  # noqa: E402

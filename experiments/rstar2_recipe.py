@@ -36,10 +36,10 @@ from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
 from rstar2_jax.rl.checkpoint import abstract_train_state
 from rstar2_jax.rollout.dispatcher import RolloutConfig
-from rstar2_jax.rollout.scripted import ScriptedPolicy
+from rstar2_jax.sampling.scripted import ScriptedPolicy
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.template import TemplateConfig, render_prompt
-from rstar2_jax.rollout.weight_sync import WeightSync
+from rstar2_jax.sampling.weight_sync import WeightSync
 from rstar2_jax.run.driver import Parts, RunConfig, SFTPart, rl_rows, run, write_plots
 from rstar2_jax.run.resume import ResumeError
 from rstar2_jax.run.scripted import mixed_script

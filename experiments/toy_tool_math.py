@@ -51,12 +51,12 @@ from rstar2_jax.sft import SFTConfig  # noqa: E402
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # noqa: E402
 from rstar2_jax.learner import LearnerConfig  # noqa: E402
 from rstar2_jax.rollout.service import Rollout  # noqa: E402
-from rstar2_jax.rollout.weight_sync import WeightSync  # noqa: E402
+from rstar2_jax.sampling.weight_sync import WeightSync  # noqa: E402
 from rstar2_jax.sampling.placement import PlacementConfig, plan_placement  # noqa: E402
 from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, run, write_plots  # noqa: E402
 from rstar2_jax.run.resume import ResumeError  # noqa: E402
 from rstar2_jax.run.scripted import mixed_script  # noqa: E402
-from rstar2_jax.rollout.scripted import ScriptedPolicy  # noqa: E402
+from rstar2_jax.sampling.scripted import ScriptedPolicy  # noqa: E402
 
 ROC_MODES = ("paper", "deterministic", "none")
 

@@ -6,8 +6,8 @@ import sys
 import pytest
 
 ROLLOUT = ["rstar2_jax.rollout", "rstar2_jax.rollout.service", "rstar2_jax.rollout.dispatcher",
-           "rstar2_jax.rollout.simulate", "rstar2_jax.rollout.score", "rstar2_jax.rollout.scripted",
-           "rstar2_jax.rollout.engine_proc", "rstar2_jax.rollout.batch"]
+           "rstar2_jax.admission.simulate", "rstar2_jax.rollout.score", "rstar2_jax.sampling.scripted",
+           "rstar2_jax.sampling.engine_proc", "rstar2_jax.rollout.batch"]
 RL = ["rstar2_jax.rl", "rstar2_jax.rl.train_step", "rstar2_jax.rl.checkpoint", "rstar2_jax.rl.roc"]
 
 

@@ -15,9 +15,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
+from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.score import score
 from rstar2_jax.rollout.template import TemplateConfig
-from rstar2_jax.sampling import Greedy, Sampler, Temperature, TopP
+from rstar2_jax.sampling import Engine, Greedy, Sampler, Temperature, TopP
+from rstar2_jax.sandbox import SandboxBackend
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -47,7 +49,7 @@ def make_sampler(temperature: float, top_p: float = 1.0) -> Sampler:
     return TopP(p=top_p, temperature=temperature) if top_p < 1 else Temperature(temperature=temperature)
 
 
-def evaluate(problems: Sequence[Any], engines: Sequence[Any], pool: Any, tokenizer: Any, reward_fn: Any,
+def evaluate(problems: Sequence[Problem], engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Any, reward_fn: Any,
              cfg: EvalConfig, *, seed: int = 0, show_progress: bool = True,
              out_jsonl: str | Path | None = None, keep_text: bool = False, first_group: int = 0,
              sharded: bool = False) -> tuple[list[dict], dict[str, Any]]:

@@ -22,6 +22,8 @@ import numpy as np
 
 from rstar2_jax.data.datasets import DatasetError, Problem, load_dataset
 from rstar2_jax.eval.evaluate import EvalConfig, evaluate
+from rstar2_jax.sampling import Engine
+from rstar2_jax.sandbox import SandboxBackend
 
 # key (lower case, letters and digits only) -> display name
 BENCHMARKS = {"aime24": "AIME24", "aime25": "AIME25", "hmmt25": "HMMT25", "math500": "MATH-500", "amc23": "AMC23"}
@@ -85,7 +87,7 @@ def load_suite(paths: Mapping[str, Path], *, limit: int | None = None) -> dict[s
     return out
 
 
-def evaluate_suite(datasets: Mapping[str, Sequence[Any]], engines: Sequence[Any], pool: Any, tokenizer: Any,
+def evaluate_suite(datasets: Mapping[str, Sequence[Problem]], engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Any,
                    reward_fn: Any, cfg: EvalConfig, *, out_dir: str | Path, seed: int = 0,
                    show_progress: bool = True, keep_text: bool = False,
                    settings: Mapping[str, Any] | None = None) -> dict[str, Any]:

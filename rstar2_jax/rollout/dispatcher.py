@@ -6,18 +6,17 @@ the scoring stage's, ``rollout.score``). Each engine is driven by its own ``Engi
 the dispatcher thread owns every trajectory, admits work, routes tool calls to the sandbox pool
 asynchronously and feeds results back. Messages are ``rollout.messages`` dataclasses.
 
-Admission is the ``AdmissionLedger``'s (``rollout.ledger``, shared with the simulator): a problem's
-samples are one group (they share the prompt's pages); ``policy="capacity"`` places the head group
-on the engine with the most forecast capacity if it fits there, ``policy="static"`` splits the
-groups evenly up front (KV overflow: the engine preempts the sequence with the least to recompute,
-which recomputes later), ``policy="dynamic"`` keeps the groups pending longest-predicted first and
-hands the head one to the engine that would end its predicted work with it first, among those with
-a free slot and room (pages held now plus the live members' expected growth and a share of the
-forecast growth, ``rollout.ledger``; overflow preempts), and with ``migrate`` a trajectory back
-from a tool may move to an engine where it is predicted to finish sooner (with ``move_kv`` its K/V
-goes along, ``Engine.export_seq`` / ``import_seq``; else, or if the engine cannot export, its
-context is prefilled there again; the seconds per step of each engine are measured from its
-steps). The dispatcher's view of a live trajectory's progress is its tokens at its last turn
+Admission is the ``admission`` package's, shared with the simulator: a problem's samples are one
+group (they share the prompt's pages), pending groups are ordered by the policy at the batch's start
+and ``admission.admit`` (the one admit loop) submits them while the ``AdmissionLedger``'s policy
+places them: ``capacity`` on the engine with the most forecast capacity if it fits there, ``static``
+an even split up front (KV overflow: the engine preempts the sequence with the least to recompute,
+which recomputes later), ``dynamic`` longest-predicted first on the engine that would end its
+predicted work with it first, among those with a free slot and room; with ``migrate`` a trajectory
+back from a tool may move to an engine where it is predicted to finish sooner (with ``move_kv`` its
+K/V goes along, ``sampling.interface.MovesKV``; else, or if the engine cannot export, its context is
+prefilled there again; the seconds per step of each engine are measured from its steps and kept by
+the ledger). The dispatcher's view of a live trajectory's progress is its tokens at its last turn
 boundary plus, while it generates, the engine's model steps since (one token per step at most;
 ``Stepped.steps``: a decode-loop call runs several). The ledger's length
 model and adaptive ratio persist across ``run`` calls: admission starts from what the policy does
@@ -36,37 +35,37 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rstar2_jax.rollout.capacity import AdmissionConfig, Policy
-from rstar2_jax.rollout.ledger import AdmissionLedger, EngineShape
+from rstar2_jax.admission import AdmissionConfig, AdmissionLedger, EngineShape, admit
 from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, ImportSeq, MoveOut, Refused, Release,
                                          Resume, Stepped, StopWorker, SubmitGroup, ToolDone)
+from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.template import TemplateConfig, ToolCall, ToolCallError, render_prompt
 from rstar2_jax.rollout.trajectory import Status, Trajectory
 from rstar2_jax.rollout.worker import EngineWorker
 from rstar2_jax.sampling import Request, Sampler, StopEvent, Temperature
-from rstar2_jax.sampling.interface import Engine
-from rstar2_jax.sandbox import CodeRequest, CodeResult
+from rstar2_jax.sampling.interface import Configured, Engine
+from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxBackend
 from rstar2_jax.tokenizer import Tokenizer
 
 ADMIT_EVERY = 16  # engine steps between retries of a waiting group (a page of tokens per row)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class RolloutConfig(AdmissionConfig):
-    """What to roll out (samples, budget, sampler, template) and, inherited, how to admit it."""
+class RolloutConfig:
+    """What to roll out (samples, budget, sampler, template) and how to admit it (``admission``)."""
 
     n_samples: int = 2  # 2G: rollouts per problem before RoC keeps G
     budget: int = 256  # response tokens per trajectory, tool tokens included
     sampler: Sampler = Temperature(temperature=1.0)
     template: TemplateConfig = TemplateConfig()
     tool_timeout_s: float | None = None  # None: the pool's limits
+    admission: AdmissionConfig = AdmissionConfig()  # which engine a group goes to, and when
 
     def __post_init__(self) -> None:
         if self.n_samples < 1:
             raise ValueError(f"RolloutConfig.n_samples must be >= 1, got {self.n_samples}")
         if self.budget < 1:
             raise ValueError(f"RolloutConfig.budget must be >= 1, got {self.budget}")
-        super().__post_init__()
 
 
 @dataclasses.dataclass
@@ -79,20 +78,34 @@ class RolloutResult:
 
 @dataclasses.dataclass(eq=False)
 class _Group:
-    """Samples of one problem submitted together (a split group is two of these)."""
+    """Samples of one problem submitted together (a split group is two of these); an
+    ``admission.PendingGroup`` while it waits."""
 
     trajs: list[Trajectory]
     prompt: list[int]
-    key: int
+    key: int  # the sampling key
     engine: int = -1
     problem: str = ""  # problem id: the ledger remembers lengths under it
 
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def size(self) -> int:
+        return len(self.trajs)
+
+    def split(self, k: int) -> tuple["_Group", "_Group"]:
+        """The first ``k`` samples (same sampling key) and the rest (a key of its own)."""
+        return (_Group(self.trajs[:k], self.prompt, key=self.key, problem=self.problem),
+                _Group(self.trajs[k:], self.prompt, key=(self.key * 7919 + k) % (1 << 62), problem=self.problem))
+
 
 def _shape(engine: Engine) -> EngineShape:
-    """The ledger's view of an engine (slots and prefill chunk read from its config when it has one)."""
-    cfg = getattr(engine, "cfg", None)
-    return EngineShape(engine.page_size, engine.usable_pages, int(getattr(cfg, "num_slots", 0) or 0),
-                       int(getattr(cfg, "prefill_chunk", 0) or 0))
+    """The ledger's view of an engine (slots and prefill chunk from its config when it declares one)."""
+    if not isinstance(engine, Configured):
+        return EngineShape(engine.page_size, engine.usable_pages)
+    return EngineShape(engine.page_size, engine.usable_pages, engine.cfg.num_slots, engine.cfg.prefill_chunk)
 
 
 class Dispatcher:
@@ -104,16 +117,16 @@ class Dispatcher:
     speeds before this dispatcher has measured its own; a moving average of its steps after).
     """
 
-    def __init__(self, engines: Sequence[Engine], pool: Any, tokenizer: Tokenizer, cfg: RolloutConfig, *,
+    def __init__(self, engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Tokenizer,
+                 cfg: RolloutConfig, *,
                  lengths: Sequence[int] = (), history: Mapping[str, Sequence[int]] | None = None,
                  step_s: Sequence[float] | None = None):
         if not engines:
             raise ValueError("Dispatcher needs at least one engine")
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
-        self.ledger = AdmissionLedger(cfg, cfg.budget, [_shape(e) for e in engines], lengths, history)
-        self._step_s = list(step_s) if step_s else [0.0] * len(self.engines)  # per engine, moving average
-        for e, x in enumerate(self._step_s):
-            self.ledger.set_step_s(e, x)
+        self.ledger = AdmissionLedger(cfg.admission, cfg.budget, [_shape(e) for e in engines], lengths, history)
+        for e, x in enumerate(step_s or ()):
+            self.ledger.set_step_s(e, x)  # then a moving average of the measured steps
         markers = (tokenizer.eos_id, *cfg.template.stop_markers)
         self.stop_ids = tuple(sorted({i for m in markers if (i := self._id(m)) is not None}))
         self.stop_strings = tuple(m for m in cfg.template.stop_markers if self._id(m) is None)
@@ -127,9 +140,9 @@ class Dispatcher:
             return None  # not a single token: matched as a stop string instead
 
     # -- main entry ------------------------------------------------------------------------------
-    def run(self, problems: Sequence[Any], *, seed: int = 0, budget: int | None = None,
+    def run(self, problems: Sequence[Problem], *, seed: int = 0, budget: int | None = None,
             show_progress: bool = False, first_group: int = 0) -> RolloutResult:
-        """Roll out ``n_samples`` trajectories per problem (objects with ``id``, ``problem``, ``answer``);
+        """Roll out ``n_samples`` trajectories per problem (``rollout.problem.Problem``);
         ``budget`` overrides ``cfg.budget`` for this batch (e.g. a recipe stage). ``first_group``: the
         global index of ``problems[0]`` when this is one process's shard of a batch (group ids and
         sampling keys are the global ones, so the shard rolls out as in a one-process run)."""
@@ -138,12 +151,8 @@ class Dispatcher:
         self._budget = budget = self.cfg.budget if budget is None else budget
         trajs = self._build(problems, seed, budget, first_group)
         self.ledger.new_batch(budget, self._progress)
-        if self.cfg.policy is Policy.STATIC:
-            for g, e in zip(self._pending, self.ledger.static_split(len(self._pending))):
-                g.engine = e
-        elif self.cfg.policy is Policy.DYNAMIC:
-            groups = list(self._pending)
-            self._pending = deque(groups[i] for i in self.ledger.long_first([g.problem for g in groups]))
+        groups = list(self._pending)
+        self._pending = deque(groups[i] for i in self.ledger.order([g.problem for g in groups]))
         self._out: queue.Queue[Event] = queue.Queue()
         start = [e.stats() for e in self.engines]
         self._preempt = [s.preemptions for s in start]
@@ -174,7 +183,7 @@ class Dispatcher:
         spans = [(self._t_start.get(t.uid, t0) - t0, self._t_end.get(t.uid, t0) - t0) for t in trajs]
         return RolloutResult(trajs, metrics, [w.timeline for w in self.workers], spans)
 
-    def _build(self, problems: Sequence[Any], seed: int, budget: int, first_group: int = 0) -> list[Trajectory]:
+    def _build(self, problems: Sequence[Problem], seed: int, budget: int, first_group: int = 0) -> list[Trajectory]:
         """The batch's trajectories; problems that cannot run finish as errors right away."""
         trajs: list[Trajectory] = []
         self._pending: deque[_Group] = deque()
@@ -194,12 +203,12 @@ class Dispatcher:
         self._export_errors: Counter[str] = Counter()  # MoveOut exports that failed (moved by re-prefill)
         max_len = min(e.max_seq_len for e in self.engines)
         for gi, p in enumerate(problems, start=first_group):
-            text = str(getattr(p, "problem", "") or "")
+            text = str(p.problem or "")
             prompt = self.tok.encode(render_prompt(text, self.cfg.template))
-            group = _Group([], prompt, key=seed * 1_000_003 + gi, problem=str(getattr(p, "id", gi)))
+            group = _Group([], prompt, key=seed * 1_000_003 + gi, problem=str(p.id))
             for _ in range(self.cfg.n_samples):
-                t = Trajectory(uid=len(trajs), group_id=gi, problem_id=str(getattr(p, "id", gi)),
-                               gold=str(getattr(p, "answer", "")), prompt_tokens=prompt, budget=budget)
+                t = Trajectory(uid=len(trajs), group_id=gi, problem_id=str(p.id), gold=str(p.answer),
+                               prompt_tokens=prompt, budget=budget)
                 trajs.append(t)
                 group.trajs.append(t)
                 self._by_uid[t.uid] = t
@@ -224,29 +233,17 @@ class Dispatcher:
         return len(t.response_tokens) + (self._clock[e] - self._mark[uid] if t.status is Status.GENERATING else 0)
 
     def _admit(self) -> None:
-        """Submit pending groups while the ledger places them. A group that has to wait is tried
+        """Submit pending groups while the ledger places them (``admission.admit``, the simulator's
+        loop too). A group that has to wait is tried
         again only after an event that may have made room (``_handle`` sets ``_admit_due``): a
         stop, a finish, a preemption, a refusal, or every ``ADMIT_EVERY`` steps of an engine (the
         forecast follows progress), not after every step (a placement costs about a millisecond
         of host time, which the engines' host threads compete for)."""
         self._admit_due = False
-        while self._pending:
-            g = self._pending[0]
-            if self.cfg.policy is not Policy.STATIC:
-                place = self.ledger.place(len(g.prompt), len(g.trajs), g.problem)
-                if place is None:
-                    return  # wait for memory
-                g.engine = place.engine
-                if place.take < len(g.trajs):  # an empty engine takes the part of the group that fits
-                    k = place.take
-                    self._pending[0] = _Group(g.trajs[k:], g.prompt, key=(g.key * 7919 + k) % (1 << 62),
-                                              problem=g.problem)
-                    self._pending.appendleft(_Group(g.trajs[:k], g.prompt, key=g.key, engine=place.engine,
-                                                    problem=g.problem))
-            self._submit(self._pending.popleft())
+        admit(self.ledger, self._pending, self._submit)
 
-    def _submit(self, g: _Group) -> None:
-        e = g.engine
+    def _submit(self, g: _Group, e: int) -> None:
+        g.engine = e
         now = time.perf_counter()
         for t in g.trajs:
             self._group_of[t.uid] = g
@@ -266,9 +263,7 @@ class Dispatcher:
             tick = self._clock[e] // ADMIT_EVERY
             self._clock[e] += msg.steps  # a decode loop ran several steps (a token each per row)
             if msg.steps:
-                s = msg.step_s / msg.steps
-                self._step_s[e] = s if not self._step_s[e] else 0.9 * self._step_s[e] + 0.1 * s
-                self.ledger.set_step_s(e, self._step_s[e])
+                self.ledger.observe_step_s(e, msg.step_s / msg.steps)
             self._admit_due |= bool(msg.events) or msg.preemptions > self._preempt[e] or \
                 self._clock[e] // ADMIT_EVERY > tick
             if msg.preemptions > self._preempt[e]:
@@ -286,7 +281,7 @@ class Dispatcher:
             try:
                 result = msg.future.result()
             except Exception as ex:
-                result = CodeResult("sandbox_error", "", f"{type(ex).__name__}: {ex}", None, 0.0, False)
+                result = CodeResult.sandbox_error(f"{type(ex).__name__}: {ex}")
             self._on_tool(self._by_uid[msg.uid], result, time.perf_counter() - msg.t0)
         elif isinstance(msg, Crashed):  # the engine's state is undefined now: fail the whole batch loudly
             raise RuntimeError(f"engine {msg.engine} crashed: {type(msg.exc).__name__}: {msg.exc}") from msg.exc
@@ -324,7 +319,7 @@ class Dispatcher:
             fut = self.pool.submit(CodeRequest(code=call.code, stdin=call.stdin, timeout_s=self.cfg.tool_timeout_s))
             fut.add_done_callback(lambda f, uid=t.uid, t0=t0: self._out.put(ToolDone(uid, f, t0)))
         except Exception as ex:  # pool refused: a tool error, not a crash
-            self._on_tool(t, CodeResult("sandbox_error", "", str(ex), None, 0.0, False), 0.0)
+            self._on_tool(t, CodeResult.sandbox_error(str(ex)), 0.0)
 
     def _on_tool(self, t: Trajectory, result: Any, latency: float) -> None:
         e, seq_id = self._seq_of[t.uid]
@@ -336,7 +331,7 @@ class Dispatcher:
             return
         self._fresh_prefill += len(tokens)
         context = len(t.prompt_tokens) + len(t.response_tokens)
-        f = self.ledger.migration(e, t.uid, context, self._step_s) if all(self._step_s) else None
+        f = self.ledger.migration(e, t.uid, context) if self.ledger.speeds_known else None
         if f is not None:
             self._migrate(t, e, seq_id, f, tokens)
             return
@@ -356,7 +351,7 @@ class Dispatcher:
         self._group_of[t.uid], self._engine_of[t.uid] = g, f
         self._mark[t.uid] = self._clock[f]
         self._migrations += 1
-        if self.cfg.move_kv:
+        if self.cfg.admission.move_kv:
             self.workers[e].commands.put(MoveOut(seq_id, g, f, tokens, t.remaining))
             return
         self.workers[e].commands.put(Release(seq_id))
@@ -404,7 +399,7 @@ class Dispatcher:
             "migrations": self._migrations, "migrated_tokens": self._migrated_tokens,  # contexts prefilled again
             "kv_moved_tokens": self._kv_moved,  # cached positions that moved with their K/V (not recomputed)
             "kv_export_errors": dict(self._export_errors),  # why an export failed -> count (normally empty)
-            "policy": self.cfg.policy.value, "step_s": list(self._step_s),
+            "policy": self.cfg.admission.policy.value, "step_s": self.ledger.measured_step_s(),
             "makespan_s": makespan, "output_tokens": sampled, "tokens_per_s": sampled / max(makespan, 1e-9),
             "preemptions": int(sum(self._preempt) - sum(preempt0)),
             "idle_fraction": [max(0.0, 1 - w.busy_s / max(makespan, 1e-9)) for w in self.workers],

@@ -3,7 +3,7 @@
 ``Rollout.generate(problems, seed=..., budget=...)`` rolls out a batch (unscored trajectories;
 ``rollout.score`` rewards them); ``Rollout.sync(params)`` puts new policy weights on every engine
 between batches: engines with a ``placement.EngineLayout`` get them by on-device resharding
-(``rollout.weight_sync``), others through their own ``set_params``.
+(``sampling.weight_sync``), others through their own ``set_params``.
 
 Several processes: each process's service holds only its local engines and sandbox pool, and
 ``generate`` rolls out this process's contiguous shard of the batch's problems (whole groups, with
@@ -20,21 +20,23 @@ from typing import Any, Sequence
 import jax
 
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig, RolloutResult
-from rstar2_jax.rollout.weight_sync import SyncStats, WeightSync
-from rstar2_jax.sampling.interface import Engine
+from rstar2_jax.rollout.problem import Problem
+from rstar2_jax.sampling.interface import Engine, HoldsParams, Placed
+from rstar2_jax.sampling.weight_sync import SyncStats, WeightSync
+from rstar2_jax.sandbox import SandboxBackend
 from rstar2_jax.tokenizer import Tokenizer
 
 
 class Rollout:
     """Owns ``engines`` (``Engine`` protocol), their dispatcher and the sandbox ``pool``."""
 
-    def __init__(self, engines: Sequence[Engine], pool: Any, tokenizer: Tokenizer, cfg: RolloutConfig, *,
+    def __init__(self, engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Tokenizer, cfg: RolloutConfig, *,
                  lengths: Sequence[int] = (), process_index: int | None = None, num_processes: int | None = None):
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
         self.dispatcher = Dispatcher(self.engines, pool, tokenizer, cfg, lengths=lengths)
         self.process_index = jax.process_index() if process_index is None else process_index
         self.num_processes = jax.process_count() if num_processes is None else num_processes
-        layouts = [getattr(e, "layout", None) for e in self.engines]
+        layouts = [e.layout if isinstance(e, Placed) else None for e in self.engines]
         self.weight_sync = WeightSync(layouts) if all(lay is not None for lay in layouts) else None
 
     def shard(self, n_problems: int) -> slice:
@@ -47,7 +49,7 @@ class Rollout:
         k = n_problems // p
         return slice(self.process_index * k, (self.process_index + 1) * k)
 
-    def generate(self, problems: Sequence[Any], *, seed: int, budget: int | None = None,
+    def generate(self, problems: Sequence[Problem], *, seed: int, budget: int | None = None,
                  show_progress: bool = False) -> RolloutResult:
         """``cfg.n_samples`` trajectories per problem of this process's shard, ``budget`` response
         tokens each (default ``cfg.budget``), unscored."""
@@ -73,8 +75,7 @@ class Rollout:
         for e in self.engines:
             e.set_params(params)
         for e in self.engines:  # transfers are asynchronous: time until they landed
-            placed = getattr(e, "params", None)
-            if placed is not None:
-                jax.block_until_ready(placed)
+            if isinstance(e, HoldsParams) and e.params is not None:
+                jax.block_until_ready(e.params)
         nbytes = sum(int(getattr(x, "nbytes", 0)) for x in jax.tree_util.tree_leaves(params))
         return SyncStats(seconds=time.perf_counter() - t0, bytes=nbytes, engines=len(self.engines))

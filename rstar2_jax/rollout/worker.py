@@ -1,7 +1,7 @@
 """One thread per engine: applies the dispatcher's commands, steps while there is work, reports.
 
 Engines in one process share the GIL with each other and the dispatcher (two measured 1.15x one
-engine's steps/s on 2 cores); ``engine_proc.ProcessEngine`` runs an engine in its own process
+engine's steps/s on 2 cores); ``sampling.engine_proc.ProcessEngine`` runs an engine in its own process
 pinned to its cores behind the same ``Engine`` protocol (2.08x), as one engine per device group
 does on accelerators.
 """
@@ -14,7 +14,7 @@ import time
 
 from rstar2_jax.rollout.messages import (Admitted, Command, Crashed, Event, Exported, ImportSeq, MoveOut, Refused,
                                          Release, Resume, Stepped, StopWorker, SubmitGroup)
-from rstar2_jax.sampling.interface import Engine
+from rstar2_jax.sampling.interface import Engine, MovesKV
 
 
 class EngineWorker(threading.Thread):
@@ -74,9 +74,9 @@ class EngineWorker(threading.Thread):
             self.out.put(Refused(self.idx, cmd, f"{type(e).__name__}: {e}"))
 
     def _move_out(self, cmd: MoveOut) -> None:
-        """Export (if the engine can) and release; the dispatcher gets ``Exported`` either way."""
+        """Export (if the engine can: ``MovesKV``) and release; the dispatcher gets ``Exported`` either way."""
         export, error = None, ""
-        if callable(getattr(self.engine, "export_seq", None)):
+        if isinstance(self.engine, MovesKV):
             try:
                 export = self.engine.export_seq(cmd.seq_id)
             except Exception as e:  # noqa: BLE001 - it moves without its K/V (recomputed there)

@@ -7,10 +7,14 @@ order for one sequence::
     submit / submit_group -> step()* -> StopEvent -> resume(appended, max_new_tokens) -> step()* ...
                                                    -> release(seq_id)   (frees its KV pages)
 
-``set_params`` is legal only when no sequence is live (every one released). Optional, not in the
-protocol: ``export_seq(seq_id)`` / ``import_seq(export, appended, max_new_tokens=...)`` move a paused
-sequence with its K/V to another engine (``PagedEngine``, ``ProcessEngine``, ``ScriptedPolicy``);
-the dispatcher migrates an engine without them by a re-prefill of the context.
+``set_params`` is legal only when no sequence is live (every one released). Optional capabilities
+are smaller protocols an engine may also satisfy (checked with ``isinstance``, never probed with
+``getattr``): ``MovesKV`` (``export_seq`` / ``import_seq`` move a paused sequence with its K/V to
+another engine: ``PagedEngine``, ``ProcessEngine``, ``ScriptedPolicy``, ``DataParallelEngine``; the
+dispatcher migrates an engine without them by a re-prefill of the context), ``Configured`` (its
+``cfg`` names its decode slots and prefill chunk, which the admission ledger reads), ``Placed`` (its
+weights live in a ``placement.EngineLayout``, which ``sampling.weight_sync`` reshards to on device)
+and ``HoldsParams`` (its placed weights, to wait for a transfer).
 """
 
 from __future__ import annotations
@@ -121,3 +125,45 @@ class Engine(Protocol):
     def set_params(self, params: Any) -> None:
         """New policy weights (only when no sequence is live)."""
         ...
+
+
+@runtime_checkable
+class MovesKV(Protocol):
+    """An engine that can hand a paused sequence, K/V included, to another engine."""
+
+    def export_seq(self, seq_id: int) -> Any:
+        """The paused sequence's tokens, K/V and state (``kv_transfer.SeqExport``); it stays live here."""
+        ...
+
+    def import_seq(self, export: Any, appended_tokens: Sequence[int] = (), *, max_new_tokens: int) -> int:
+        """Adopt an exported sequence and continue it after ``appended_tokens``; returns its seq id."""
+        ...
+
+
+class SlotConfig(Protocol):
+    num_slots: int  # sequences decoding at once (0: unknown, unlimited)
+    prefill_chunk: int  # tokens fed per prefill step (0: unknown)
+
+
+@runtime_checkable
+class Configured(Protocol):
+    """An engine whose config names its decode slots and prefill chunk (``EngineConfig``)."""
+
+    @property
+    def cfg(self) -> SlotConfig: ...
+
+
+@runtime_checkable
+class Placed(Protocol):
+    """An engine whose weights live in a ``placement.EngineLayout`` (None: placed by the engine itself)."""
+
+    @property
+    def layout(self) -> Any: ...
+
+
+@runtime_checkable
+class HoldsParams(Protocol):
+    """An engine that exposes the weights it holds (on its devices)."""
+
+    @property
+    def params(self) -> Any: ...

@@ -114,7 +114,7 @@ class EngineLayout:
     # -- placing -----------------------------------------------------------------------------------
     def put_params(self, params: nnx.State) -> nnx.State:
         """``params`` in the engine's layout and weight dtype (a no-op for params already there).
-        From a trainer's mesh use ``rollout.weight_sync.WeightSync``, which never goes via the host."""
+        From a trainer's mesh use ``sampling.weight_sync.WeightSync``, which never goes via the host."""
         if self.weight_dtype is not None:
             params = jax.tree.map(lambda x: x if x.dtype == self.weight_dtype or not jnp.issubdtype(
                 x.dtype, jnp.floating) else x.astype(self.weight_dtype), params)

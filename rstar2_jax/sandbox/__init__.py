@@ -1,14 +1,15 @@
 """Isolated execution of Python tool calls (rStar2-Agent's ``python_code_with_standard_io``).
 
 No JAX here, directly or indirectly. See ``rstar2_jax.sandbox.pool`` for what a user should know.
-``SandboxPool`` is imported lazily so that a worker's init (which imports this package) stays small:
-a smaller process forks faster.
+``SandboxPool`` and ``SandboxBackend`` are imported lazily so that a worker's init (which imports this
+package) stays small: a smaller process forks faster.
 """
 
 from .isolation import Isolation
-from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits
+from .limits import STATUSES, CodeRequest, CodeResult, ResultStatus, SandboxLimits
 
-__all__ = ["STATUSES", "CodeRequest", "CodeResult", "Isolation", "SandboxLimits", "SandboxPool"]
+__all__ = ["STATUSES", "CodeRequest", "CodeResult", "Isolation", "ResultStatus", "SandboxBackend", "SandboxLimits",
+           "SandboxPool", "open_pool"]
 
 
 def __getattr__(name: str):
@@ -16,4 +17,8 @@ def __getattr__(name: str):
         from .pool import SandboxPool
 
         return SandboxPool
+    if name in ("SandboxBackend", "open_pool"):
+        from . import backend
+
+        return getattr(backend, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

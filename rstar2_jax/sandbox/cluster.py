@@ -33,7 +33,6 @@ Same API as ``SandboxPool`` (``submit``, ``run``, ``run_batch``, ``run_async``, 
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import threading
@@ -41,6 +40,7 @@ import time
 from typing import Any, Sequence
 
 from .actor import ClusterConfig, SandboxActor, SandboxBusyError
+from .backend import SandboxBackend, percentile_ms
 from .isolation import Isolation
 from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits
 
@@ -77,16 +77,14 @@ def _result(t: Sequence) -> CodeResult:
     return CodeResult(*t)
 
 
-def _error(message: str) -> CodeResult:
-    return CodeResult("sandbox_error", "", message, None, 0.0, False)
-
-
 def _payload(req: CodeRequest) -> tuple:
     return (req.code, req.stdin, req.wrap, req.timeout_s)
 
 
-class RaySandboxPool:
-    """The ``SandboxPool`` API over Ray actors, one per node. See the module docstring."""
+class RaySandboxPool(SandboxBackend):
+    """The ``SandboxBackend`` over Ray actors, one per node. See the module docstring."""
+
+    submit_blocks = True  # a full queue blocks ``submit``
 
     def __init__(self, limits: SandboxLimits = SandboxLimits(), config: ClusterConfig = ClusterConfig()) -> None:
         if ray is None:
@@ -185,7 +183,7 @@ class RaySandboxPool:
                 self._queue.clear()
             self._cv.notify_all()
         for call in failed:
-            self._answer(call, _error(f"sandbox error: no sandbox actor left (actor {actor.index} {why})"))
+            self._answer(call, CodeResult.sandbox_error(f"sandbox error: no sandbox actor left (actor {actor.index} {why})"))
 
     # ------------------------------------------------------------------ submitting
     def submit(self, req: CodeRequest) -> "concurrent.futures.Future[CodeResult]":
@@ -213,20 +211,6 @@ class RaySandboxPool:
             if len(self._queue) + len(self._retry) >= self.config.batch_size or len(self._queue) == 1:
                 self._cv.notify_all()
         return call.future
-
-    def run(self, req: CodeRequest) -> CodeResult:
-        """Run one call and wait for its result."""
-        return self.submit(req).result()
-
-    def run_batch(self, reqs: Sequence[CodeRequest]) -> list[CodeResult]:
-        """Run many calls; results in the order of ``reqs``."""
-        futures = [self.submit(req) for req in reqs]
-        return [f.result() for f in futures]
-
-    async def run_async(self, req: CodeRequest) -> CodeResult:
-        """``await`` one call from an asyncio loop (a full queue blocks in a thread, not the loop)."""
-        future = await asyncio.get_running_loop().run_in_executor(None, self.submit, req)
-        return await asyncio.wrap_future(future)
 
     # ------------------------------------------------------------------ batching
     def _take(self, actor: _Actor, n: int) -> list[_Call]:
@@ -315,7 +299,7 @@ class RaySandboxPool:
                     give_up.append(call)
             self._cv.notify_all()
         for call in reversed(give_up):
-            self._answer(call, _error(f"sandbox error: actor {actor.index} failed on the call's second run: "
+            self._answer(call, CodeResult.sandbox_error(f"sandbox error: actor {actor.index} failed on the call's second run: "
                                       f"{type(exc).__name__}: {str(exc)[:200]}"))
         if first_failure:
             if 0 <= self.config.max_restarts < actor.deaths:
@@ -345,14 +329,12 @@ class RaySandboxPool:
 
     def stats(self) -> dict:
         """Calls, statuses, latency p50/p99 (ms, submit -> result), batching, retries, actors."""
-        from .pool import _percentile
-
         with self._cv:
             latency = sorted(self._latency)
             return {
                 "backend": "ray",
                 "calls": sum(self._counts.values()), "statuses": dict(self._counts),
-                "latency_p50_ms": _percentile(latency, 50), "latency_p99_ms": _percentile(latency, 99),
+                "latency_p50_ms": percentile_ms(latency, 50), "latency_p99_ms": percentile_ms(latency, 99),
                 "pending": self._pending, "queue_depth": len(self._queue) + len(self._retry),
                 "batches": self._batches,
                 "mean_batch": self._batched_calls / self._batches if self._batches else None,
@@ -377,16 +359,10 @@ class RaySandboxPool:
                 self._queue.clear()
             self._cv.notify_all()
         for call in cancelled:
-            self._answer(call, _error("sandbox error: pool closed"))
+            self._answer(call, CodeResult.sandbox_error("sandbox error: pool closed"))
         self._batcher.join()
         for a in list(self._actors):
             try:
                 ray.kill(a.handle, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
-
-    def __enter__(self) -> "RaySandboxPool":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(cancel_pending=exc_type is not None)

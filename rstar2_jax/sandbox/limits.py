@@ -6,10 +6,23 @@ Plain dataclasses only (no process machinery), so every layer can import them.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import re
 
-STATUSES = ("ok", "runtime_error", "timeout", "memory", "output_limit", "sandbox_error")
+
+class ResultStatus(enum.StrEnum):
+    """How a call ended (``CodeResult.status``; equal to its string value)."""
+
+    OK = "ok"  # ran to completion, exit status 0
+    RUNTIME_ERROR = "runtime_error"  # a non-zero exit or a signal
+    TIMEOUT = "timeout"  # killed at the wall-clock or CPU limit
+    MEMORY = "memory"  # killed at the memory limit
+    OUTPUT_LIMIT = "output_limit"  # killed at the output cap (``truncated``)
+    SANDBOX_ERROR = "sandbox_error"  # no process ran it (a worker died, the pool closed, ...)
+
+
+STATUSES = tuple(s.value for s in ResultStatus)
 # Run once per worker after the preload: sympy loads whole subpackages lazily on first use (~100 ms for a
 # first ``factor``/``solve`` in a fresh process); doing it here makes every forked call start warm.
 SYMPY_WARMUP = """\
@@ -120,7 +133,7 @@ class CodeResult:
     stdout/stderr are decoded as UTF-8 with invalid bytes replaced.
     """
 
-    status: str
+    status: ResultStatus | str  # stored as the ``ResultStatus``
     stdout: str
     stderr: str
     exit_code: int | None
@@ -130,6 +143,12 @@ class CodeResult:
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"CodeResult.status must be one of {STATUSES}, got {self.status!r}")
+        object.__setattr__(self, "status", ResultStatus(self.status))
+
+    @classmethod
+    def sandbox_error(cls, message: str, duration_s: float = 0.0) -> "CodeResult":
+        """A call no process answered: ``message`` says why (on stderr), no exit code, no output."""
+        return cls(ResultStatus.SANDBOX_ERROR, "", message, None, duration_s, False)
 
     @property
     def ok(self) -> bool:

@@ -56,7 +56,6 @@ What a user should know:
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import concurrent.futures
 import dataclasses
@@ -68,12 +67,12 @@ import signal
 import sys
 import threading
 import time
-from typing import Sequence
 
 import multiprocess
 from multiprocess import spawn as _mp_spawn
 
 from . import worker
+from .backend import SandboxBackend, percentile_ms
 from .isolation import Isolation
 from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits
 
@@ -101,10 +100,6 @@ def _install_spawn_hook() -> None:
 
 
 _install_spawn_hook()
-
-
-def _error_result(message: str, duration_s: float = 0.0) -> CodeResult:
-    return CodeResult("sandbox_error", "", message, None, duration_s, False)
 
 
 class _Worker:
@@ -225,7 +220,7 @@ class _Slot(threading.Thread):
             try:
                 result = self._call(req)
             except BaseException as exc:  # noqa: BLE001 - a bug here must still answer the request
-                result = _error_result(f"sandbox error: {type(exc).__name__}: {exc}")
+                result = CodeResult.sandbox_error(f"sandbox error: {type(exc).__name__}: {exc}")
             pool._record(result, submitted, started)
             future.set_result(result)
         if self.worker is not None:
@@ -240,7 +235,7 @@ class _Slot(threading.Thread):
             try:
                 self._start_worker()
             except BaseException as exc:  # noqa: BLE001
-                return _error_result(f"sandbox worker could not start: {exc}")
+                return CodeResult.sandbox_error(f"sandbox worker could not start: {exc}")
         t0 = time.monotonic()
         try:
             return self.worker.call(req, self.pool.limits)
@@ -252,10 +247,10 @@ class _Slot(threading.Thread):
                 self._start_worker()
             except BaseException:  # noqa: BLE001 - retried on the next call
                 self.worker = None
-            return _error_result(f"sandbox error: {reason}", time.monotonic() - t0)
+            return CodeResult.sandbox_error(f"sandbox error: {reason}", time.monotonic() - t0)
 
 
-class SandboxPool:
+class SandboxPool(SandboxBackend):
     """A pool of ``workers`` sandbox workers sharing one FIFO queue of requests. See the module docstring."""
 
     def __init__(self, workers: int = 2, limits: SandboxLimits = SandboxLimits()) -> None:
@@ -299,19 +294,6 @@ class SandboxPool:
             self._queue.put((future, req, time.monotonic()))
         return future
 
-    def run(self, req: CodeRequest) -> CodeResult:
-        """Run one request and wait for its result."""
-        return self.submit(req).result()
-
-    def run_batch(self, reqs: Sequence[CodeRequest]) -> list[CodeResult]:
-        """Run many requests concurrently; results in the order of ``reqs``."""
-        futures = [self.submit(req) for req in reqs]
-        return [f.result() for f in futures]
-
-    async def run_async(self, req: CodeRequest) -> CodeResult:
-        """``await`` one request from an asyncio loop (the loop is never blocked)."""
-        return await asyncio.wrap_future(self.submit(req))
-
     # ------------------------------------------------------------------ bookkeeping
     def _record(self, result: CodeResult, submitted: float, started: float) -> None:
         now = time.monotonic()
@@ -349,8 +331,8 @@ class SandboxPool:
                 "workers": len(self._slots),
                 "calls": self._calls,
                 "statuses": dict(self._statuses),
-                "latency_p50_ms": _percentile(latency, 50), "latency_p99_ms": _percentile(latency, 99),
-                "queue_wait_p50_ms": _percentile(wait, 50), "queue_wait_p99_ms": _percentile(wait, 99),
+                "latency_p50_ms": percentile_ms(latency, 50), "latency_p99_ms": percentile_ms(latency, 99),
+                "queue_wait_p50_ms": percentile_ms(wait, 50), "queue_wait_p99_ms": percentile_ms(wait, 99),
                 "queue_depth": self._queue.qsize(),
                 "pending": self._pending,
                 "restarts": self._restarts,
@@ -377,7 +359,7 @@ class SandboxPool:
                         break
                     if future.set_running_or_notify_cancel():
                         self._pending -= 1
-                        future.set_result(_error_result("sandbox error: pool closed"))
+                        future.set_result(CodeResult.sandbox_error("sandbox error: pool closed"))
             for _ in self._slots:
                 self._queue.put(None)
         for slot in self._slots:
@@ -387,16 +369,3 @@ class SandboxPool:
                 slot.join()
             elif slot.worker is not None:
                 slot.worker.kill()
-
-    def __enter__(self) -> "SandboxPool":
-        return self
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(cancel_pending=exc_type is not None)
-
-
-def _percentile(sorted_values: list[float], q: float) -> float | None:
-    if not sorted_values:
-        return None
-    index = min(len(sorted_values) - 1, max(0, round(q / 100 * (len(sorted_values) - 1))))
-    return 1000.0 * sorted_values[index]

@@ -14,6 +14,7 @@ class _Cfg:
     page_size: int = 16
     max_seq_len: int = 4096
     num_slots: int = 0  # 0: unlimited (what the dispatcher's ledger reads)
+    prefill_chunk: int = 0  # 0: unknown (one step per prefill)
 
 
 class ScriptedEngine:
@@ -123,7 +124,7 @@ def scripted_problems(n: int = 6) -> list[Problem]:
 def record_ledgers(monkeypatch) -> tuple[list, list[int]]:
     """Patch ``AdmissionLedger`` so that every ledger built is appended to the first list, and the
     number of admissions each had made when its first trajectory finished to the second."""
-    from rstar2_jax.rollout.ledger import AdmissionLedger
+    from rstar2_jax.admission.book import AdmissionLedger
 
     ledgers, first_finish = [], []
     orig_init, orig_finish = AdmissionLedger.__init__, AdmissionLedger.on_finish

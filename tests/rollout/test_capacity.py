@@ -73,7 +73,7 @@ def test_rejects_bad_model():
 
 def test_simulator_policy_defaults_match_the_dispatcher():
     from rstar2_jax.rollout.dispatcher import RolloutConfig
-    from rstar2_jax.rollout.simulate import SimPolicy
+    from rstar2_jax.admission.simulate import SimPolicy
 
     sim = {f.name: f.default for f in dataclasses.fields(SimPolicy)}
     cfg = {f.name: f.default for f in dataclasses.fields(RolloutConfig)}

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rstar2_jax.rollout.capacity import AdmissionConfig, Policy
-from rstar2_jax.rollout.ledger import Admission, AdmissionLedger, EngineShape
-from rstar2_jax.rollout.simulate import SimEngine, SimGroup, SimPolicy, SimTrajectory, simulate
+from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
+from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimPolicy, SimTrajectory, simulate
 from rstar2_jax.sandbox import CodeResult
 
 DYNAMIC = AdmissionConfig(policy="dynamic")
@@ -260,7 +260,7 @@ def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypat
     reverses the submission order: the admissions before anything finishes are the same, long-first,
     2 groups per engine (the slots), the rest waiting."""
     from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
-    from rstar2_jax.rollout.simulate import Simulator
+    from rstar2_jax.admission.simulate import Simulator
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
     from rstar2_jax.tokenizer import ByteTokenizer
     from tests.rollout.fakes import ANSWER, ScriptedEngine, record_ledgers, scripted_problems

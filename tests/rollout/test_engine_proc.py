@@ -15,7 +15,7 @@ import pytest
 from rstar2_jax.rollout import TemplateConfig
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.score import score
-from rstar2_jax.rollout.engine_proc import ProcessEngine
+from rstar2_jax.sampling.engine_proc import ProcessEngine
 from rstar2_jax.sampling import Request
 from rstar2_jax.sandbox import CodeResult
 from rstar2_jax.tokenizer import ByteTokenizer

@@ -9,7 +9,7 @@ from flax import nnx
 
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
-from rstar2_jax.rollout.engine_proc import ProcessEngine
+from rstar2_jax.sampling.engine_proc import ProcessEngine
 from rstar2_jax.sampling import Engine, EngineConfig, PagedEngine
 from tests.eval.eval_helpers import REPO, load_script
 from tests.rollout.fakes import ScriptedEngine

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from rstar2_jax.rollout.capacity import AdmissionConfig
-from rstar2_jax.rollout.ledger import Admission, AdmissionLedger, EngineShape
+from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
 
 SHAPES = [EngineShape(page_size=16, usable_pages=63)] * 2
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rstar2_jax.rollout.simulate import SimEngine, SimGroup, SimPolicy, SimTrajectory, simulate
+from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimPolicy, SimTrajectory, simulate
 
 CAPACITY, STATIC = SimPolicy(), SimPolicy(policy="static")
 
@@ -152,8 +152,8 @@ def test_simulator_and_dispatcher_admit_through_the_same_ledger(usable_pages, mo
     made before anything finishes (engine, prompt tokens, samples) are the same. A roomy pool
     admits everything at once; a tight one (40 pages) admits one group per engine and queues the rest."""
     from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
-    from rstar2_jax.rollout.ledger import AdmissionLedger
-    from rstar2_jax.rollout.simulate import Simulator
+    from rstar2_jax.admission.book import AdmissionLedger
+    from rstar2_jax.admission.simulate import Simulator
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
     from rstar2_jax.tokenizer import ByteTokenizer
     from tests.rollout.fakes import ANSWER, ScriptedEngine, record_ledgers, scripted_problems

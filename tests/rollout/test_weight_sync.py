@@ -1,4 +1,4 @@
-"""Weight sync (``rollout.weight_sync``): trainer params on an FSDP mesh over 8 devices -> 4 engines
+"""Weight sync (``sampling.weight_sync``): trainer params on an FSDP mesh over 8 devices -> 4 engines
 of 2 devices each (tensor-parallel), on device, equal to the trainer's after a train step."""
 
 import dataclasses
@@ -13,7 +13,7 @@ from rstar2_jax.config import MeshConfig, ModelConfig
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
 from rstar2_jax.rl.config import OptimConfig, RLConfig
 from rstar2_jax.rl.train_step import init_train_state, make_train_step, shard_batch
-from rstar2_jax.rollout.weight_sync import WeightSync
+from rstar2_jax.sampling.weight_sync import WeightSync
 from rstar2_jax.sampling import EngineConfig, PagedEngine
 from rstar2_jax.sampling.placement import PlacementConfig, leaf_devices, plan_placement
 

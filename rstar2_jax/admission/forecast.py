@@ -1,4 +1,4 @@
-"""Capacity arithmetic behind the admission ledger (``rollout.ledger``; pure host code, no JAX).
+"""The forecast behind admission (``admission.book``; pure host code, no JAX).
 
 The dispatcher cannot know how long a trajectory will run, so it forecasts the KV pages each
 engine will hold over the next tokens and admits a group only if the forecast peak, scaled by an
@@ -21,73 +21,17 @@ adaptive ratio, stays within the pool:
 * ``AdaptiveRatio``: the forecast's scale, ``+up`` per preemption seen, ``*decay`` per admission.
 * ``residual``: the expected remaining tokens of a trajectory at ``u`` tokens whose problem runs
   ``scale`` times as long as the batch's typical one (``L = scale * X``, ``X`` from the model):
-  ``scale * E[X - u / scale | X > u / scale]``; the long-first order of ``Policy.DYNAMIC``.
-* ``Policy``: ``STATIC`` (even split up front), ``CAPACITY`` (forecast reservation, rStar2's),
-  ``DYNAMIC`` (admit to the memory limit, long-first, least-loaded, optional migration).
-* ``AdmissionConfig``: these knobs, validated once; ``RolloutConfig`` and ``SimPolicy`` extend it.
+  ``scale * E[X - u / scale | X > u / scale]``; the long-first order of ``admission.dynamic``.
+* ``fits``: how many samples of a new group keep the scaled forecast within the pool
+  (``admission.capacity``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 from typing import Iterable, Sequence
 
 import numpy as np
-
-
-class Policy(str, enum.Enum):
-    """How groups reach engines (``rollout.ledger`` documents each)."""
-
-    STATIC = "static"  # even contiguous split, everything handed over at once
-    CAPACITY = "capacity"  # head group to the engine with the most forecast capacity, if it fits (reservation)
-    DYNAMIC = "dynamic"  # long-first, to the engine that frees a slot first, up to the memory limit
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class AdmissionConfig:
-    """How a dispatcher admits groups to engines (shared by the real dispatcher and the simulation)."""
-
-    policy: Policy | str = Policy.CAPACITY  # a ``Policy`` or its value; stored as the ``Policy``
-    reserve: str = "estimate"  # what a live trajectory reserves: "estimate" (learnt) or "budget" (worst case)
-    prior_weight: float = 4.0  # pseudo-trajectories at the full budget in the length model
-    reserve_sigma: float = 1.0  # safety margin: standard deviations of the forecast pages
-    reserve_ratio: float = 1.0  # initial reservation scale
-    reserve_ratio_min: float = 1.0
-    reserve_ratio_max: float = 2.0
-    ratio_up: float = 0.25  # added when a preemption is seen
-    ratio_decay: float = 0.98  # multiplied per admission without preemption
-    length_memory: int = 1  # batches whose final lengths seed the next batch's length model
-    # Policy.DYNAMIC only:
-    growth_reserve: float = 0.5  # kappa / ratio: share of the forecast growth (peak - now) to fit
-    running_reserve: float = 1.0  # share of the live members' expected growth that must fit besides what they hold
-    migrate: bool = False  # a trajectory back from a tool may move (re-prefill) to a faster engine
-    migrate_margin: float = 0.25  # ... if its predicted finish there is this fraction earlier at least
-    move_kv: bool = True  # a migration carries the K/V (Engine.export_seq/import_seq) instead of a re-prefill
-    history_weight: float = 2.0  # pseudo-lengths at the batch mean in a problem's predicted length
-    history_per_key: int = 16  # final lengths remembered per problem (across batches)
-
-    def __post_init__(self) -> None:
-        name = type(self).__name__
-        try:
-            object.__setattr__(self, "policy", Policy(self.policy))
-        except ValueError:
-            raise ValueError(f"{name}.policy must be one of {[p.value for p in Policy]}, got {self.policy!r}") \
-                from None
-        if self.growth_reserve < 0 or self.running_reserve < 0:
-            raise ValueError(f"{name}: growth_reserve and running_reserve must be >= 0, got "
-                             f"{self.growth_reserve}, {self.running_reserve}")
-        if not 0 <= self.migrate_margin < 1:
-            raise ValueError(f"{name}.migrate_margin must be in [0, 1), got {self.migrate_margin}")
-        if self.history_weight <= 0 or self.history_per_key < 1:
-            raise ValueError(f"{name}: need history_weight > 0 and history_per_key >= 1, got "
-                             f"{self.history_weight}, {self.history_per_key}")
-        if self.reserve not in ("estimate", "budget"):
-            raise ValueError(f"{name}.reserve must be 'estimate' or 'budget', got {self.reserve!r}")
-        if self.length_memory < 1:
-            raise ValueError(f"{name}.length_memory must be >= 1, got {self.length_memory}")
-        if not 0 < self.reserve_ratio_min <= self.reserve_ratio <= self.reserve_ratio_max:
-            raise ValueError(f"{name}: need 0 < reserve_ratio_min <= reserve_ratio <= reserve_ratio_max")
 
 
 class LengthModel:

@@ -24,7 +24,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 from rstar2_jax.sampling.engine import PagedEngine
-from rstar2_jax.sampling.interface import EngineStats, Request, StopEvent
+from rstar2_jax.sampling.interface import EngineStats, Placed, Request, StopEvent
 
 Script = Callable[[tuple[int, ...], int, int], Sequence[int]]  # (prompt ids, child index, turn) -> ids
 Locate = Callable[[tuple[int, ...]], "tuple[tuple[int, ...], int, int] | None"]
@@ -56,7 +56,7 @@ class ScriptedPolicy:
     @property
     def layout(self) -> Any:
         """The wrapped engine's ``placement.EngineLayout`` (None: not tensor-parallel placed)."""
-        return getattr(self.engine, "layout", None)
+        return self.engine.layout if isinstance(self.engine, Placed) else None
 
     def _turn(self, prompt: tuple[int, ...], child: int, turn: int) -> list[int]:
         ids = [int(t) for t in self.script(prompt, child, turn)]

@@ -1,11 +1,9 @@
-"""The simulator's inputs and outputs (frozen dataclasses; ``rollout.simulate`` runs them)."""
+"""The simulator's inputs and outputs (frozen dataclasses; ``admission.simulate`` runs them)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Hashable
-
-from rstar2_jax.rollout.capacity import AdmissionConfig
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,11 +36,6 @@ class SimEngine:
         """Seconds of a step with ``rows`` rows, ``fed`` of them prefill chunks, ``ctx`` context tokens."""
         return (self.step_s_fixed + self.step_s_per_row * rows + self.step_s_chunk * fed
                 + self.step_s_per_kctx * ctx / 1e3)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class SimPolicy(AdmissionConfig):
-    """Dispatch policy: the dispatcher's own admission knobs and defaults (``AdmissionConfig``)."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

@@ -2,20 +2,21 @@
 
 It replays scripted trajectories (sampled tokens per turn; tool latency and appended tokens after
 each call) on ``n_engines`` simulated engines (alike, or one ``SimEngine`` each: heterogeneous)
-that follow ``PagedEngine``'s rules, under the dispatcher's policies (``rstar2_jax.rollout.dispatcher``):
+that follow ``PagedEngine``'s rules, under the dispatcher's policies (``rstar2_jax.rollout.dispatcher``),
+admitted by the same ``AdmissionLedger`` and the same loop (``admission.policy.admit``):
 
-* ``"capacity"``: the dispatcher's own admission code, the ``AdmissionLedger``
-  (``rstar2_jax.rollout.ledger``): forecast pages per engine from its live trajectories' progress
+* ``"capacity"`` (``admission.capacity``): forecast pages per engine from its live trajectories' progress
   (here exact) and the online length model, head group to the engine with the most capacity if it
   fits ``ratio * (mean + sigma * sd)``, an empty engine takes the part that fits; ``ratio`` decays
-  per admission and rises on a preemption (``SimPolicy``).
-* ``"static"``: groups split evenly (contiguous, ``AdmissionLedger.static_split``) and all handed
-  to their engine at once.
-* ``"dynamic"``: groups pending in the ledger's ``long_first`` order (``SimGroup.key`` names the
+  per admission and rises on a preemption (``AdmissionConfig``).
+* ``"static"`` (``admission.static``): groups split evenly (contiguous) and all handed to their
+  engine at once.
+* ``"dynamic"`` (``admission.dynamic``): groups pending in ``long_first`` order (``SimGroup.key`` names the
   problem, ``history`` its earlier final lengths), the head one to the engine with a free slot and
-  pages now (``AdmissionLedger.place``); with ``migrate`` a sequence whose tool answered may move
-  to another engine (``AdmissionLedger.migration``, seconds per step = the engine's last step
-  cost): its KV goes along (``move_kv``, ``kv_moved_tokens``) or it is freed and the whole context
+  pages now; with ``migrate`` a sequence whose tool answered may move to another engine
+  (``AdmissionLedger.migration``, seconds per step = the engine's last step cost; its placements
+  read the one-row step costs the ledger is given at the start, what a long-lived dispatcher has
+  measured): its KV goes along (``move_kv``, ``kv_moved_tokens``) or it is freed and the whole context
   recomputed there (``migrated_tokens``).
 
 Engine model (both policies): at most ``num_slots`` sequences sit in slots; a step gives each
@@ -45,13 +46,15 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections import deque
 from typing import Hashable, Mapping, Sequence
 
-from rstar2_jax.rollout.capacity import Policy
-from rstar2_jax.rollout.ledger import AdmissionLedger, EngineShape
-from rstar2_jax.rollout.sim_types import SimEngine, SimGroup, SimPolicy, SimResult, SimTrajectory
+from rstar2_jax.admission.book import AdmissionLedger, EngineShape
+from rstar2_jax.admission.config import AdmissionConfig
+from rstar2_jax.admission.policy import admit
+from rstar2_jax.admission.sim_types import SimEngine, SimGroup, SimResult, SimTrajectory
 
-__all__ = ["SimEngine", "SimGroup", "SimPolicy", "SimResult", "SimTrajectory", "Simulator", "simulate"]
+__all__ = ["SimEngine", "SimGroup", "SimResult", "SimTrajectory", "Simulator", "simulate"]
 
 _EPS = 1e-9
 
@@ -81,13 +84,23 @@ class _Seq:
 
 
 class _Group:
-    __slots__ = ("prompt_len", "shared", "seqs", "sharers", "key", "__weakref__")
+    """A group of sequences (``admission.policy.PendingGroup`` while it waits)."""
+
+    __slots__ = ("prompt_len", "page_size", "shared", "seqs", "sharers", "key", "__weakref__")
 
     def __init__(self, prompt_len: int, page_size: int, key: Hashable = None):
-        self.prompt_len, self.key = prompt_len, key
+        self.prompt_len, self.page_size, self.key = prompt_len, page_size, key
         self.shared = (prompt_len // page_size) * page_size  # full prompt pages, held once
         self.seqs: list[_Seq] = []
         self.sharers = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def problem(self) -> Hashable:
+        return self.key
 
     @staticmethod
     def make(g: SimGroup, idx: int, page_size: int) -> "_Group":
@@ -95,9 +108,10 @@ class _Group:
         out.seqs = [_Seq(t, out, (idx, i)) for i, t in enumerate(g.trajs)]
         return out
 
-    def split(self, k: int, page_size: int) -> tuple["_Group", "_Group"]:
+    def split(self, k: int) -> tuple["_Group", "_Group"]:
         """The first ``k`` samples and the rest, as two groups (each shares its own prompt pages)."""
-        parts = (_Group(self.prompt_len, page_size, self.key), _Group(self.prompt_len, page_size, self.key))
+        z = self.page_size
+        parts = (_Group(self.prompt_len, z, self.key), _Group(self.prompt_len, z, self.key))
         for part, seqs in zip(parts, (self.seqs[:k], self.seqs[k:])):
             part.seqs = seqs
             for s in seqs:
@@ -126,7 +140,7 @@ class Simulator:
     Admission is an ``AdmissionLedger``'s, the same class and calls as the real dispatcher's."""
 
     def __init__(self, groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine | Sequence[SimEngine],
-                 budget: int, policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = (),
+                 budget: int, policy: AdmissionConfig = AdmissionConfig(), lengths: Sequence[int] = (),
                  history: Mapping[Hashable, Sequence[int]] | None = None, timeline: bool = False):
         specs = [engine] * n_engines if isinstance(engine, SimEngine) else list(engine)
         if len(specs) != n_engines or len({sp.page_size for sp in specs}) != 1:
@@ -148,9 +162,8 @@ class Simulator:
         for i, sp in enumerate(specs):  # the speeds a long-lived dispatcher has measured: one-row steps
             self.ledger.set_step_s(i, sp.step_s(1))
         self.ledger.new_batch(budget, progress=self.progress)
-        order = self.ledger.long_first([g.key for g in self.gs]) if policy.policy is Policy.DYNAMIC \
-            else range(len(self.gs))
-        self.pending = [self.gs[i] for i in reversed(list(order))]  # groups not yet admitted (pop from the end)
+        order = self.ledger.order([g.key for g in self.gs])
+        self.pending = deque(self.gs[i] for i in order)  # groups not yet admitted, head first
         self.preemptions, self.recomputed = 0, 0.0
         self.migrations, self.migrated, self.kv_moved, self.swapped = 0, 0.0, 0.0, 0.0
         self.latency: list[float] = []
@@ -203,16 +216,7 @@ class Simulator:
         self.reschedule(idx, now)
 
     def admit(self, now: float) -> None:
-        while self.pending:
-            g = self.pending[-1]
-            place = self.ledger.place(g.prompt_len, len(g.seqs), g.key)
-            if place is None:
-                return  # wait for memory
-            if place.take < len(g.seqs):  # an empty engine takes the part of the group that fits
-                head, rest = g.split(place.take, self.z)
-                self.pending[-1] = rest
-                self.pending.append(head)
-            self.submit(self.pending.pop(), place.engine, now)
+        admit(self.ledger, self.pending, lambda g, idx: self.submit(g, idx, now))
 
     # -- the engine ---------------------------------------------------------------------------------
     def advance(self, e: _Eng, now: float) -> None:
@@ -353,12 +357,7 @@ class Simulator:
 
     # -- the event loop -----------------------------------------------------------------------------
     def run(self) -> SimResult:
-        if self.policy.policy is Policy.STATIC:
-            for g, idx in zip(self.gs, self.ledger.static_split(len(self.gs))):
-                self.submit(g, idx, 0.0)
-            self.pending.clear()
-        else:
-            self.admit(0.0)
+        self.admit(0.0)
         now = 0.0
         while self.n_left:
             if not self.heap:
@@ -378,8 +377,8 @@ class Simulator:
                 if e.active and e.cap - e.used <= _EPS and any(s.pre <= _EPS for s in e.active):
                     self.preempt(e)  # a decoder needs a page and none is free
                 self.reschedule(idx, now)
-                if self.pending and (done or (ended and self.policy.policy is Policy.DYNAMIC)):
-                    self.admit(now)  # dynamic: a sequence that went to a tool freed a slot
+                if self.pending and (done or (ended and self.ledger.policy.slot_bound)):
+                    self.admit(now)  # a sequence that went to a tool freed a slot
             else:  # a tool answered: the response is appended and the next turn queues
                 s = obj
                 e = self.engs[s.engine]
@@ -414,7 +413,7 @@ class Simulator:
 
 
 def simulate(groups: Sequence[SimGroup], *, n_engines: int, engine: SimEngine | Sequence[SimEngine], budget: int,
-             policy: SimPolicy = SimPolicy(), lengths: Sequence[int] = (),
+             policy: AdmissionConfig = AdmissionConfig(), lengths: Sequence[int] = (),
              history: Mapping[Hashable, Sequence[int]] | None = None, timeline: bool = False) -> SimResult:
     """Run every trajectory to its end; see the module docstring for the model. ``lengths``:
     earlier batches' final response lengths, seeding the length model (as ``Dispatcher``'s);

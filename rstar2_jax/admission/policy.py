@@ -1,0 +1,91 @@
+"""The admission policy protocol and the one admit loop (no JAX).
+
+A policy decides where the head of the pending groups goes (``place``), in which order groups wait
+(``order``, once per batch) and whether a member back from a tool moves (``migration``); the
+``AdmissionLedger`` (``admission.book``) keeps the facts it decides from: each engine's live
+members, their forecast pages, the length model, what each problem ran to before. Three policies,
+one file each: ``admission.static`` (even split up front), ``admission.capacity`` (forecast
+reservation, rStar2's) and ``admission.dynamic`` (long-first, least-loaded, optional migration).
+
+``admit`` is the loop both the real ``Dispatcher`` and the ``Simulator`` run: place the head group,
+split it if only part fits an empty engine, submit, until the policy says wait.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Hashable, Protocol, Sequence, TypeVar
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from rstar2_jax.admission.book import AdmissionLedger
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Placement:
+    """Admit the first ``take`` samples of the head group to ``engine`` (the rest stays at the head)."""
+
+    engine: int
+    take: int
+
+
+class AdmissionPolicy(Protocol):
+    """One admission policy over one ``AdmissionLedger`` (built by the ledger from its config)."""
+
+    forecasts: bool  # reads the engines' forecast pages: the ledger keeps them current as members progress
+    slot_bound: bool  # waits for free slots: a member leaving its slot for a tool may let the next group in
+
+    def order(self, keys: Sequence[Hashable]) -> list[int]:
+        """At a batch's start: the order in which the groups of problems ``keys`` wait (indices)."""
+
+    def place(self, prompt_len: int, n: int, key: Hashable) -> Placement | None:
+        """Where the head group (``n`` samples of a ``prompt_len``-token prompt of problem ``key``)
+        goes now, or None to wait."""
+
+    def survival(self, key: Hashable) -> np.ndarray | None:
+        """``f64[B + 1]``: the length survival a sample of problem ``key`` is forecast with (None:
+        the batch's length model)."""
+
+    def on_admission(self) -> None:
+        """A group (or part of one) was admitted."""
+
+    def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> int | None:
+        """The engine ``member`` (on ``e``, back from a tool, ``context`` tokens) should move to, or None."""
+
+
+class PendingGroup(Protocol):
+    """A group waiting for admission, as the admit loop sees it (the dispatcher's or the simulator's)."""
+
+    @property
+    def prompt_len(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...  # samples
+
+    @property
+    def problem(self) -> Hashable: ...  # the key its lengths are remembered under
+
+    def split(self, k: int) -> tuple["PendingGroup", "PendingGroup"]:
+        """The first ``k`` samples and the rest, as two groups."""
+
+
+G = TypeVar("G", bound=PendingGroup)
+
+
+def admit(ledger: "AdmissionLedger", pending: deque[G], submit: Callable[[G, int], None]) -> None:
+    """Submit pending groups, head first, while the ledger's policy places them (``submit(group,
+    engine)`` must report the group to the ledger, ``AdmissionLedger.on_submit``). An empty engine
+    may take only the part of the head group that fits: the head is split and the rest stays at
+    the head."""
+    while pending:
+        g = pending[0]
+        place = ledger.place(g.prompt_len, g.size, g.problem)
+        if place is None:
+            return  # wait (memory, or a free slot)
+        if place.take < g.size:
+            head, rest = g.split(place.take)
+            pending[0] = rest
+            pending.appendleft(head)
+        submit(pending.popleft(), place.engine)

@@ -1,0 +1,44 @@
+"""``Policy.STATIC``: the groups split evenly over the engines (contiguous) and all handed over at
+once; no forecast is read, KV overflow is the engines' (they preempt and recompute)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Hashable, Sequence
+
+from rstar2_jax.admission.policy import Placement
+
+if TYPE_CHECKING:
+    from rstar2_jax.admission.book import AdmissionLedger
+
+
+def static_split(n_engines: int, n_groups: int) -> list[int]:
+    """The engine of each of ``n_groups`` groups: an even contiguous split."""
+    return [i * n_engines // n_groups for i in range(n_groups)]
+
+
+class StaticPolicy:
+    forecasts = False
+    slot_bound = False
+
+    def __init__(self, ledger: "AdmissionLedger"):
+        self.ledger = ledger
+        self._engines: list[int] = []  # this batch's split, in submission order
+        self._next = 0
+
+    def order(self, keys: Sequence[Hashable]) -> list[int]:
+        self._engines, self._next = static_split(len(self.ledger.shapes), len(keys)), 0
+        return list(range(len(keys)))
+
+    def place(self, prompt_len: int, n: int, key: Hashable) -> Placement:
+        e = self._engines[self._next]  # static never splits nor waits: the i-th call places group i
+        self._next += 1
+        return Placement(e, n)
+
+    def survival(self, key: Hashable) -> None:
+        return None
+
+    def on_admission(self) -> None:
+        pass  # the reservation ratio is never read
+
+    def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> None:
+        return None
