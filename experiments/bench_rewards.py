@@ -16,7 +16,6 @@ verdict. Disagreements between the two verifiers go to ``runs/bench_rewards_disa
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import logging
 import os
@@ -27,16 +26,6 @@ from pathlib import Path
 from rstar2_jax.utils.bench import Metric, report
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ROOT / "tests" / "rewards"
-
-
-def _load(name: str):
-    sys.path.insert(0, str(TESTS))  # mv_style_cases imports reward_cases
-    spec = importlib.util.spec_from_file_location(name, TESTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 def _boxed(text: str) -> str:
     return text if "\\boxed" in text else f"\\boxed{{{text}}}"
@@ -97,8 +86,9 @@ def main() -> int:
 
     from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 
-    table = _load("reward_cases")
-    cases, skip, mv_style = table.CASES, table.MATH_VERIFY_SKIP, _load("mv_style_cases").MV_STYLE
+    from rstar2_jax.testing import mv_style_cases, reward_cases
+
+    cases, skip, mv_style = reward_cases.CASES, reward_cases.MATH_VERIFY_SKIP, mv_style_cases.MV_STYLE
     common = [c for c in cases if (c.gold, c.pred) not in skip]
     limits = SandboxLimits(wall_s=10.0, cpu_s=10.0, memory_mb=2048, preload=("rstar2_jax.rewards.worker",))
     with SandboxPool(workers=args.workers, limits=limits) as pool:

@@ -4,7 +4,7 @@ optional migration) on real engines and the real sandbox, three workloads, and a
 Two real PagedEngines (tiny random Qwen3-style policy, byte vocab), each in its own process pinned
 to its own core (``ProcessEngine`` in lockstep: an idle engine leaves its core idle, as a device
 would), roll out 2G samples per problem through the real sandbox pool. The behaviour (turn lengths,
-tool calls, answers) is scripted on top of real decoding (``rollout_workload``): compute is real,
+tool calls, answers) is scripted on top of real decoding (``rstar2_jax.testing``): compute is real,
 tool calls are real sandbox runs. Each dispatcher starts from what a long-lived one knows: the
 engines' seconds per step (a short probe per workload; only the dynamic policy reads them).
 Workloads:
@@ -50,12 +50,13 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from rollout_workload import (PROGRAMS, TOK, EngineHost, Workload, history, make_workload, realized,  # noqa: E402
-                              sim_groups)
+from rstar2_jax.admission import AdmissionConfig, SimEngine, simulate  # noqa: E402
 from rstar2_jax.rollout import TemplateConfig, render_prompt  # noqa: E402
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig  # noqa: E402
 from rstar2_jax.sampling.engine_proc import ProcessEngine  # noqa: E402
-from rstar2_jax.admission.simulate import SimEngine, SimPolicy, simulate  # noqa: E402
+from rstar2_jax.testing.engine_host import EngineHost  # noqa: E402
+from rstar2_jax.testing.workload import (PROGRAMS, TOK, Workload, history, make_workload, realized,  # noqa: E402
+                                         sim_groups)
 from rstar2_jax.sampling import EngineConfig  # noqa: E402
 from rstar2_jax.sandbox import CodeRequest, SandboxLimits, SandboxPool  # noqa: E402
 from rstar2_jax.utils.bench import Metric, report  # noqa: E402
@@ -101,7 +102,8 @@ def run_policy(name: str, problems, scripts, w: Workload, seed: int, engines, po
     by_prompt = {tuple(TOK.encode(render_prompt(p.problem, tpl(w)))): s for p, s in zip(problems, scripts)}
     for e in engines:
         e.call("reset", by_prompt)
-    cfg = RolloutConfig(n_samples=w.n_samples, budget=w.budget, template=tpl(w), **POLICIES[name])
+    cfg = RolloutConfig(n_samples=w.n_samples, budget=w.budget, template=tpl(w),
+                        admission=AdmissionConfig(**POLICIES[name]))
     busy0, tot0 = cpu_jiffies()
     res = Dispatcher(engines, pool, TOK, cfg, lengths=lengths, history=by_key, step_s=step_s).run(problems, seed=seed)
     busy1, tot1 = cpu_jiffies()
@@ -333,7 +335,7 @@ def simulated(args, w: Workload, seeds: list[int], steps: tuple, prompt_len: int
         groups = sim_groups(wl, seed, prompt_len, np.zeros(1), program_s, epoch=1)
         by_key, lengths = history(wl, seed, epoch=0)
         for name, kw in POLICIES.items():
-            r = simulate(groups, n_engines=args.sim_engines, engine=eng, budget=wl.budget, policy=SimPolicy(**kw),
+            r = simulate(groups, n_engines=args.sim_engines, engine=eng, budget=wl.budget, policy=AdmissionConfig(**kw),
                          lengths=lengths, history=by_key, timeline=seed == seeds[0])
             out[name].append(dict(makespan_s=r.makespan_s, idle_fraction=[float(np.mean(r.idle_fraction))],
                                   traj_latency_p50_s=float(np.percentile(r.latency_s, 50)),

@@ -49,8 +49,8 @@ def make_sampler(temperature: float, top_p: float = 1.0) -> Sampler:
     return TopP(p=top_p, temperature=temperature) if top_p < 1 else Temperature(temperature=temperature)
 
 
-def evaluate(problems: Sequence[Problem], engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Any, reward_fn: Any,
-             cfg: EvalConfig, *, seed: int = 0, show_progress: bool = True,
+def evaluate(problems: Sequence[Problem], engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Any,
+             reward_fn: Any, cfg: EvalConfig, *, seed: int = 0, show_progress: bool = True,
              out_jsonl: str | Path | None = None, keep_text: bool = False, first_group: int = 0,
              sharded: bool = False) -> tuple[list[dict], dict[str, Any]]:
     """Roll out ``cfg.k`` samples per problem; returns (per-problem rows, summary).

@@ -87,8 +87,8 @@ def load_suite(paths: Mapping[str, Path], *, limit: int | None = None) -> dict[s
     return out
 
 
-def evaluate_suite(datasets: Mapping[str, Sequence[Problem]], engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Any,
-                   reward_fn: Any, cfg: EvalConfig, *, out_dir: str | Path, seed: int = 0,
+def evaluate_suite(datasets: Mapping[str, Sequence[Problem]], engines: Sequence[Engine], pool: SandboxBackend | None,
+                   tokenizer: Any, reward_fn: Any, cfg: EvalConfig, *, out_dir: str | Path, seed: int = 0,
                    show_progress: bool = True, keep_text: bool = False,
                    settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate each dataset in turn; writes ``<out_dir>/<key>.jsonl`` and ``<out_dir>/summary.json``.

@@ -7,8 +7,8 @@ is read by latex2sympy2_extended (ANTLR grammar) and compared with sympy. For RL
 harmful as a wrong 1 (it teaches the policy to avoid a correct way of writing), so the policy
 accepts every spelling of the same answer and nothing else.
 
-Policy (cases: ``tests/rewards/reward_cases.py``; answers as real models write them, in
-Math-Verify's conventions: ``tests/rewards/mv_style_cases.py``, per class ``test_rewards_classes.py``):
+Policy (cases: ``rstar2_jax/testing/reward_cases.py``; answers as real models write them, in
+Math-Verify's conventions: ``rstar2_jax/testing/mv_style_cases.py``, per class ``test_rewards_classes.py``):
 
 * **Presentation is ignored** (``normalize.py``): ``\\dfrac``/``\\tfrac``, ``\\left``/``\\right``,
   spacing commands, ``$``/``\\$``/``€``, math delimiters ``\\( \\)``, font wrappers, ``\\frac12``,

@@ -30,7 +30,8 @@ from rstar2_jax.tokenizer import Tokenizer
 class Rollout:
     """Owns ``engines`` (``Engine`` protocol), their dispatcher and the sandbox ``pool``."""
 
-    def __init__(self, engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Tokenizer, cfg: RolloutConfig, *,
+    def __init__(self, engines: Sequence[Engine], pool: SandboxBackend | None, tokenizer: Tokenizer,
+                 cfg: RolloutConfig, *,
                  lengths: Sequence[int] = (), process_index: int | None = None, num_processes: int | None = None):
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
         self.dispatcher = Dispatcher(self.engines, pool, tokenizer, cfg, lengths=lengths)

@@ -183,7 +183,8 @@ class RaySandboxPool(SandboxBackend):
                 self._queue.clear()
             self._cv.notify_all()
         for call in failed:
-            self._answer(call, CodeResult.sandbox_error(f"sandbox error: no sandbox actor left (actor {actor.index} {why})"))
+            self._answer(call, CodeResult.sandbox_error(
+                f"sandbox error: no sandbox actor left (actor {actor.index} {why})"))
 
     # ------------------------------------------------------------------ submitting
     def submit(self, req: CodeRequest) -> "concurrent.futures.Future[CodeResult]":
@@ -299,8 +300,8 @@ class RaySandboxPool(SandboxBackend):
                     give_up.append(call)
             self._cv.notify_all()
         for call in reversed(give_up):
-            self._answer(call, CodeResult.sandbox_error(f"sandbox error: actor {actor.index} failed on the call's second run: "
-                                      f"{type(exc).__name__}: {str(exc)[:200]}"))
+            self._answer(call, CodeResult.sandbox_error(f"sandbox error: actor {actor.index} failed on the call's "
+                                                        f"second run: {type(exc).__name__}: {str(exc)[:200]}"))
         if first_failure:
             if 0 <= self.config.max_restarts < actor.deaths:
                 self._drop(actor, f"died {actor.deaths} times (max_restarts={self.config.max_restarts})")

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from rstar2_jax.admission.sim_types import SimGroup, SimTrajectory
-from rstar2_jax.rollout import TOOL_NAME, TemplateConfig, render_prompt, render_tool_result, tool_response_segment
+from rstar2_jax.rollout import TOOL_NAME, TemplateConfig, render_tool_result, tool_response_segment
 from rstar2_jax.sandbox import CodeResult
 from rstar2_jax.tokenizer import ByteTokenizer
 

@@ -1,4 +1,4 @@
-"""The policy table (reward_cases.py) through the pure ``check``, plus the structure it relies on."""
+"""The policy table (``rstar2_jax.testing.reward_cases``) through the pure ``check``, plus the structure it relies on."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import collections
 
 import pytest
 
-from reward_cases import CASES, NEEDS_TIMEOUT
+from rstar2_jax.testing.reward_cases import CASES, NEEDS_TIMEOUT
 from rstar2_jax.rewards.equivalence import Verdict, check
 from rstar2_jax.rewards.normalize import normalize
 from rstar2_jax.rewards.structure import Bracketed, Unordered, parse_structure

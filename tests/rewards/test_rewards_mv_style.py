@@ -1,4 +1,4 @@
-"""The Math-Verify-style table (mv_style_cases.py): our verdict on every case, pure and end to end.
+"""The Math-Verify-style table (``rstar2_jax.testing.mv_style_cases``): our verdict on every case, pure and end to end.
 
 The comparison with math-verify itself (false positives / negatives of both) is in
 ``experiments/bench_rewards.py``; these tests only hold our verifier to the table.
@@ -10,7 +10,7 @@ import collections
 
 import pytest
 
-from mv_style_cases import MV_STYLE
+from rstar2_jax.testing.mv_style_cases import MV_STYLE
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rewards.equivalence import check
 from rstar2_jax.rewards.extract import extract_answer
@@ -50,7 +50,7 @@ def test_mv_style_table_through_reward_fn(reward_pool):
 
 
 def test_normalize_is_idempotent_on_both_tables():
-    from reward_cases import CASES
+    from rstar2_jax.testing.reward_cases import CASES
     from rstar2_jax.rewards.normalize import normalize
 
     texts = {t for c in CASES + MV_STYLE for t in (c.gold, c.pred)}

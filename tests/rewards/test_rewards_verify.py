@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from reward_cases import CASES, NEEDS_TIMEOUT
+from rstar2_jax.testing.reward_cases import CASES, NEEDS_TIMEOUT
 from rstar2_jax.rewards.verify import VerifyResult, verify_batch
 from rstar2_jax.sandbox import SandboxLimits
 

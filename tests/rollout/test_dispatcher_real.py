@@ -11,6 +11,7 @@ import jax
 import pytest
 from flax import nnx
 
+from rstar2_jax.admission import AdmissionConfig
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.rewards import RewardFn
@@ -54,7 +55,8 @@ def _engines(policy, ecfg=ECFG):
 
 def _rollout(policy, pool, policy_name, problems=PROBLEMS, ecfg=ECFG):
     engines = _engines(policy, ecfg)
-    cfg = RolloutConfig(n_samples=G, budget=BUDGET, template=TPL, tool_timeout_s=1.0, policy=policy_name)
+    cfg = RolloutConfig(n_samples=G, budget=BUDGET, template=TPL, tool_timeout_s=1.0,
+                        admission=AdmissionConfig(policy=policy_name))
     res = Dispatcher(engines, pool, TOK, cfg).run(problems, seed=0)
     score(res.trajectories, RewardFn(pool=pool).batch)
     return res, engines

@@ -6,6 +6,7 @@ import time
 import jax
 from flax import nnx
 
+from rstar2_jax.admission import AdmissionConfig
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
@@ -53,7 +54,8 @@ def test_kv_migration_moves_the_straggler_and_recomputes_nothing():
     def run(migrate):
         engines = [_Slow(PagedEngine(graphdef, params, mcfg, ECFG, decode_fn=TOK.decode, device=d), _script, delay)
                    for d, delay in zip(devices, (0.05, 0.0))]
-        cfg = RolloutConfig(n_samples=2, budget=256, template=TPL, policy="dynamic", migrate=migrate)
+        cfg = RolloutConfig(n_samples=2, budget=256, template=TPL,
+                            admission=AdmissionConfig(policy="dynamic", migrate=migrate))
         res = Dispatcher(engines, _Pool(), TOK, cfg).run([_P(0), _P(1)])
         st = [e.stats() for e in engines]
         for e in engines:  # every sequence released where it ended and where it left

@@ -13,7 +13,7 @@ math-verify: false positives / negatives of each, and every disagreement).
 
 from __future__ import annotations
 
-from reward_cases import Case
+from rstar2_jax.testing.reward_cases import Case
 
 B = "\\boxed"
 _A = "\\begin{pmatrix}2 & 3 \\\\ 4 & 5\\end{pmatrix}"  # matrix expressions: A + B, I A

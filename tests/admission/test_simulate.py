@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimPolicy, SimTrajectory, simulate
+from rstar2_jax.admission import AdmissionConfig
+from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimTrajectory, simulate
 
-CAPACITY, STATIC = SimPolicy(), SimPolicy(policy="static")
+CAPACITY, STATIC = AdmissionConfig(), AdmissionConfig(policy="static")
 
 
 def _engine(**kw):
@@ -120,7 +121,7 @@ def _random_groups(seed, n=24, g=4):
     return groups  # at most 3 x 29 + 2 x 12 = 111 response tokens
 
 
-@pytest.mark.parametrize("policy", [SimPolicy(reserve="budget"), SimPolicy(), STATIC])
+@pytest.mark.parametrize("policy", [AdmissionConfig(reserve="budget"), AdmissionConfig(), STATIC])
 def test_random_workload_completes_within_the_pool(policy):
     # need = ceil(39 / 16) + 4 x (ceil(120 / 16) + 1) = 3 + 36 = 39 <= 46 pages: a group always fits.
     res = _run(_random_groups(0), n_engines=3, budget=120, policy=policy, usable_pages=46, num_slots=32,
@@ -136,7 +137,7 @@ def test_random_workload_completes_within_the_pool(policy):
 
 def test_rejects_bad_inputs():
     with pytest.raises(ValueError, match="policy"):
-        SimPolicy(policy="greedy")
+        AdmissionConfig(policy="greedy")
     with pytest.raises(ValueError, match="tool_s"):
         SimTrajectory((1, 2))
     with pytest.raises(ValueError, match="num_slots"):

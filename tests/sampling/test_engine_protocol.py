@@ -11,9 +11,9 @@ from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.sampling.engine_proc import ProcessEngine
 from rstar2_jax.sampling import Engine, EngineConfig, PagedEngine
-from tests.eval.eval_helpers import REPO, load_script
+from rstar2_jax.testing.engine_host import EngineHost, ScriptedTurnsEngine
 from tests.rollout.fakes import ScriptedEngine
-from tests.rollout.test_engine_proc import TOK, make_engine, script
+from tests.sampling.test_engine_proc import TOK, make_engine, script
 
 PROPERTIES = ("page_size", "usable_pages", "max_seq_len")
 METHODS = ("submit", "submit_group", "step", "resume", "release", "has_work", "stats", "set_params")
@@ -55,12 +55,10 @@ def test_paged_engine_and_the_scripted_engines():
     paged = PagedEngine(graphdef, params, mcfg, ECFG)  # built only: nothing compiles
     _check(paged)
     _check(ScriptedEngine(TOK, script))
-    if (REPO / "experiments" / "rollout_workload.py").exists():
-        workload = load_script("rollout_workload")
-        _check(workload.ScriptedTurnsEngine(paged, {}))
-        host = workload.EngineHost({"num_layers": 1}, ECFG)  # compiles its two step variants
-        host.reset({})
-        _check(host)
+    _check(ScriptedTurnsEngine(paged, {}))
+    host = EngineHost({"num_layers": 1}, ECFG)  # compiles its two step variants
+    host.reset({})
+    _check(host)
 
 
 def test_process_engine():

@@ -8,9 +8,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rstar2_jax.rollout.capacity import AdmissionConfig, Policy
+from rstar2_jax.admission import dynamic
 from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
-from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimPolicy, SimTrajectory, simulate
+from rstar2_jax.admission.config import AdmissionConfig, Policy
+from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimTrajectory, simulate
 from rstar2_jax.sandbox import CodeResult
 
 DYNAMIC = AdmissionConfig(policy="dynamic")
@@ -34,8 +35,8 @@ def test_policy_is_an_enum_and_bad_names_are_named():
 def test_long_first_orders_problems_by_their_history_shrunk_to_the_mean():
     ledger, _ = _ledger(history={"short": [8, 10], "long": [60, 64], "mid": [30]}, lengths=[30] * 8)
     # predicted: (sum + 2 * mean) / (n + 2); "new" has no history: the mean itself
-    assert ledger.long_first(["short", "new", "long", "mid"]) == [2, 1, 3, 0] or \
-        ledger.long_first(["short", "new", "long", "mid"]) == [2, 3, 1, 0]
+    assert dynamic.long_first(ledger, ["short", "new", "long", "mid"]) == [2, 1, 3, 0] or \
+        dynamic.long_first(ledger, ["short", "new", "long", "mid"]) == [2, 3, 1, 0]
     assert ledger.predicted_total("long") > ledger.predicted_total("mid") > ledger.predicted_total("short")
     # this batch's finished samples count too: a problem whose first sample ran long moves up
     ledger.on_submit(0, "g", 20, ["m0", "m1"], "short")
@@ -48,7 +49,7 @@ def test_predicted_remaining_grows_with_the_problems_scale():
     ledger.on_submit(0, "gs", 20, ["s"], "short")
     ledger.on_submit(1, "gl", 20, ["l"], "long")
     progress.update(s=5, l=5)
-    assert ledger.predicted_remaining(1, "l") > 1.5 * ledger.predicted_remaining(0, "s")
+    assert dynamic.predicted_remaining(ledger, 1, "l") > 1.5 * dynamic.predicted_remaining(ledger, 0, "s")
 
 
 def test_forecast_follows_each_problems_own_lengths():
@@ -58,16 +59,16 @@ def test_forecast_follows_each_problems_own_lengths():
     # short one's with < 0.3.
     hist = {"long": [60] * 4, "short": [10] * 4}
     ledger, _ = _ledger(history=hist, lengths=[10] * 8 + [60] * 8)
-    s_long, s_short, s_new = (ledger.survival_of(k) for k in ("long", "short", "new"))
+    s_long, s_short, s_new = (dynamic.survival_of(ledger, k) for k in ("long", "short", "new"))
     model = ledger.model.survival()
     assert s_long[30] > 0.8 > model[30] > 0.3 > s_short[30] and s_long[-1] == s_short[-1] == 0
     assert s_new == pytest.approx(np.where(np.arange(65) >= 64, 0.0, model))  # no history: the model
     # the engine holding the long group forecasts more growth than one holding the short group
     for e, g, key in ((0, "gl", "long"), (1, "gs", "short")):
         ledger.on_submit(e, g, 20, [f"{g}{i}" for i in range(4)], key)
-    grow = [ledger._books[e].curve.max() - ledger._books[e].curve[0] for e in (0, 1)]
+    grow = [ledger.books[e].curve.max() - ledger.books[e].curve[0] for e in (0, 1)]
     assert grow[0] > 3 * grow[1]
-    assert AdmissionLedger(AdmissionConfig(), 64, [EngineShape(16, 63, 4, 8)]).survival_of("long") is None
+    assert AdmissionLedger(AdmissionConfig(), 64, [EngineShape(16, 63, 4, 8)]).policy.survival("long") is None
 
 
 def test_dynamic_places_on_the_engine_that_frees_a_slot_first():
@@ -128,8 +129,8 @@ def test_only_the_straggler_migrates():
     progress["y"] = 8
     assert ledger.migration(0, "y", 28, [0.4, 0.1]) == 1  # e1 idle
     ledger.on_submit(1, "gx", 20, ["x"], "X")
-    rem_y, rem_x = ledger.predicted_remaining(0, "y"), ledger.predicted_remaining(1, "x")
-    assert ledger.finish_estimate(1, 0.1) == pytest.approx(0.1 * rem_x) and rem_x > rem_y
+    rem_y, rem_x = dynamic.predicted_remaining(ledger, 0, "y"), dynamic.predicted_remaining(ledger, 1, "x")
+    assert dynamic.finish_estimate(ledger, 1, 0.1) == pytest.approx(0.1 * rem_x) and rem_x > rem_y
     assert ledger.migration(0, "y", 28, [0.4, 0.1]) == 1  # x ends (0.1 x rem_x) before y would (0.4 x rem_y)
     slow = 0.4 * rem_y / rem_x + 0.01  # now x ends after y would
     assert (rem_y + 1) * slow < 0.75 * 0.4 * rem_y  # the margin test alone would still move y
@@ -152,9 +153,9 @@ def test_sim_long_first_puts_the_long_group_first():
     hist = {"s1": [10], "s2": [10], "L": [100]}
     kw = dict(n_engines=2, engine=_eng(0.1), budget=112, lengths=[10, 10, 100])
     # without history: s1 -> e0, s2 -> e1, L waits for e0 (1.1 s): 1.1 + 10.1 = 11.2 s
-    assert simulate(groups, policy=SimPolicy(policy="dynamic"), **kw).makespan_s == pytest.approx(11.2)
+    assert simulate(groups, policy=AdmissionConfig(policy="dynamic"), **kw).makespan_s == pytest.approx(11.2)
     # long first: L -> e0 (10.1 s), s1 -> e1, s2 after it (2.2 s)
-    res = simulate(groups, policy=SimPolicy(policy="dynamic"), history=hist, **kw)
+    res = simulate(groups, policy=AdmissionConfig(policy="dynamic"), history=hist, **kw)
     assert res.makespan_s == pytest.approx(10.1) and res.finish_s == pytest.approx([10.1, 2.2])
     assert sorted(res.latency_s) == pytest.approx([1.1, 1.1, 10.1])  # s2 waited in the dispatcher, not counted
 
@@ -164,8 +165,8 @@ def test_sim_dynamic_feeds_the_faster_engine_more():
     # static: 2 each -> e1 ends at 6.0 s. dynamic: e0 at 1, 2, 3 s; e1 takes 1 group: 3.0 s.
     groups = [_single(9, f"g{i}") for i in range(4)]
     kw = dict(n_engines=2, engine=[_eng(0.1), _eng(0.3)], budget=64)
-    assert simulate(groups, policy=SimPolicy(policy="static"), **kw).makespan_s == pytest.approx(6.0)
-    res = simulate(groups, policy=SimPolicy(policy="dynamic"), **kw)
+    assert simulate(groups, policy=AdmissionConfig(policy="static"), **kw).makespan_s == pytest.approx(6.0)
+    res = simulate(groups, policy=AdmissionConfig(policy="dynamic"), **kw)
     assert res.makespan_s == pytest.approx(3.0) and res.finish_s == pytest.approx([3.0, 3.0])
 
 
@@ -180,13 +181,13 @@ def test_sim_migration_moves_the_straggler_to_the_fast_engine():
     groups = [_single(30, "X"), y]
     kw = dict(n_engines=2, engine=[_eng(0.4), _eng(0.1)], budget=128, history={"Y": [20], "X": [118]},
               lengths=[118, 30])
-    stay = simulate(groups, policy=SimPolicy(policy="dynamic"), **kw)
+    stay = simulate(groups, policy=AdmissionConfig(policy="dynamic"), **kw)
     assert stay.makespan_s == pytest.approx(45.8) and stay.migrations == 0
-    moved = simulate(groups, policy=SimPolicy(policy="dynamic", migrate=True), **kw)
+    moved = simulate(groups, policy=AdmissionConfig(policy="dynamic", migrate=True), **kw)
     assert moved.migrations == 1 and moved.kv_moved_tokens == pytest.approx(18) and moved.migrated_tokens == 0
     assert moved.makespan_s == pytest.approx(15.5)
     assert moved.peak_pages[1] <= 100 and moved.preemptions == 0
-    refed = simulate(groups, policy=SimPolicy(policy="dynamic", migrate=True, move_kv=False), **kw)
+    refed = simulate(groups, policy=AdmissionConfig(policy="dynamic", migrate=True, move_kv=False), **kw)
     assert refed.migrations == 1 and refed.migrated_tokens == pytest.approx(18) and refed.kv_moved_tokens == 0
     assert refed.makespan_s == pytest.approx(15.8)
 
@@ -235,7 +236,8 @@ def test_dispatcher_migrates_a_trajectory_off_the_slow_engine(failing_export):
     def run(migrate):
         engines = [Engine(tok, script, num_slots=4, step_s=0.05),  # slow
                    Engine(tok, script, num_slots=4)]
-        cfg = RolloutConfig(n_samples=2, budget=256, template=tpl, policy="dynamic", migrate=migrate)
+        cfg = RolloutConfig(n_samples=2, budget=256, template=tpl,
+                            admission=AdmissionConfig(policy="dynamic", migrate=migrate))
         return Dispatcher(engines, _Pool(), tok, cfg).run([P(0), P(1)]), engines
 
     res, engines = run(migrate=True)
@@ -270,7 +272,7 @@ def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypat
     problems, answer = scripted_problems(6), ANSWER
     hist = {f"p{i}": [10 * (i + 1)] * 4 for i in range(6)}  # p5 longest
     engines = [ScriptedEngine(tok, lambda prompt, child, turn: answer, num_slots=8) for _ in range(2)]
-    d = Dispatcher(engines, None, tok, RolloutConfig(n_samples=4, budget=budget, template=tpl, policy="dynamic"),
+    d = Dispatcher(engines, None, tok, RolloutConfig(n_samples=4, budget=budget, template=tpl, admission=DYNAMIC),
                    history=hist)
     d.run(problems)
     prompt_lens = [len(tok.encode(render_prompt(p.problem, tpl))) for p in problems]
@@ -279,7 +281,7 @@ def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypat
               for i, n in enumerate(prompt_lens)]
     eng = SimEngine(num_slots=8, usable_pages=1023, page_size=16, prefill_chunk=8, step_s_fixed=0.1,
                     step_s_per_row=0.0, prefill_rows=8)
-    sim = Simulator(groups, n_engines=2, engine=eng, budget=budget, policy=SimPolicy(policy="dynamic"), history=hist)
+    sim = Simulator(groups, n_engines=2, engine=eng, budget=budget, policy=DYNAMIC, history=hist)
     sim.run()
     real, simulated = logs[0], logs[1]
     k_real, k_sim = first_finish
@@ -340,7 +342,7 @@ def test_worker_reports_model_steps_and_waiting_groups_are_not_retried_every_ste
     engines = [Looping(tok, lambda *a: answer, num_slots=2) for _ in range(2)]
     for e in engines:
         e.per_call = 1  # single steps: a call per step
-    cfg = RolloutConfig(n_samples=2, budget=128, template=tpl, policy="dynamic")
+    cfg = RolloutConfig(n_samples=2, budget=128, template=tpl, admission=DYNAMIC)
     res = Dispatcher(engines, _Pool(), tok, cfg).run([P(i) for i in range(6)])
     assert all(t.done_reason == "answer" for t in res.trajectories)
     calls = sum(e.calls for e in engines)

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from rstar2_jax.rollout.capacity import AdmissionConfig
 from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
+from rstar2_jax.admission.config import AdmissionConfig
 
 SHAPES = [EngineShape(page_size=16, usable_pages=63)] * 2
 
