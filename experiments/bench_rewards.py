@@ -27,6 +27,7 @@ from rstar2_jax.utils.bench import Metric, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
 def _boxed(text: str) -> str:
     return text if "\\boxed" in text else f"\\boxed{{{text}}}"
 

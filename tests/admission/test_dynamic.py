@@ -207,10 +207,14 @@ class _Pool:
 
 
 class _NoExport:
-    """Mixed into the fake engine: an ``export_seq`` that fails (the migration falls back to re-prefill)."""
+    """Mixed into the fake engine: declares ``MovesKV`` but its ``export_seq`` fails (the migration
+    falls back to re-prefill)."""
 
     def export_seq(self, seq_id):
         raise RuntimeError("no K/V here")
+
+    def import_seq(self, export, appended_tokens=(), *, max_new_tokens):
+        raise AssertionError("never reached: every export fails")
 
 
 @pytest.mark.parametrize("failing_export", [False, True], ids=["cannot-export", "export-fails"])
