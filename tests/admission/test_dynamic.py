@@ -2,7 +2,6 @@
 growth share it admits to, migration of a trajectory back from a tool; in the ledger, in the
 simulator (hand-computed makespans) and through the real Dispatcher over scripted engines."""
 
-import concurrent.futures
 import dataclasses
 
 import numpy as np
@@ -12,7 +11,7 @@ from rstar2_jax.admission import dynamic
 from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
 from rstar2_jax.admission.config import AdmissionConfig, Policy
 from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimTrajectory, simulate
-from rstar2_jax.sandbox import CodeResult
+from tests.rollout.fakes import InstantPool
 
 DYNAMIC = AdmissionConfig(policy="dynamic")
 
@@ -193,19 +192,6 @@ def test_sim_migration_moves_the_straggler_to_the_fast_engine():
 
 
 # -- the real dispatcher over scripted engines ------------------------------------------------------
-class _Pool:
-    """Answers every call at once with ``1`` (the dispatcher's sandbox interface)."""
-
-    def __init__(self):
-        self.calls = 0
-
-    def submit(self, req):
-        self.calls += 1
-        f = concurrent.futures.Future()
-        f.set_result(CodeResult("ok", "1\n", "", 0, 0.01, False))
-        return f
-
-
 class _NoExport:
     """Mixed into the fake engine: declares ``MovesKV`` but its ``export_seq`` fails (the migration
     falls back to re-prefill)."""
@@ -242,7 +228,7 @@ def test_dispatcher_migrates_a_trajectory_off_the_slow_engine(failing_export):
                    Engine(tok, script, num_slots=4)]
         cfg = RolloutConfig(n_samples=2, budget=256, template=tpl,
                             admission=AdmissionConfig(policy="dynamic", migrate=migrate))
-        return Dispatcher(engines, _Pool(), tok, cfg).run([P(0), P(1)]), engines
+        return Dispatcher(engines, InstantPool(), tok, cfg).run([P(0), P(1)]), engines
 
     res, engines = run(migrate=True)
     m = res.metrics
@@ -347,7 +333,7 @@ def test_worker_reports_model_steps_and_waiting_groups_are_not_retried_every_ste
     for e in engines:
         e.per_call = 1  # single steps: a call per step
     cfg = RolloutConfig(n_samples=2, budget=128, template=tpl, admission=DYNAMIC)
-    res = Dispatcher(engines, _Pool(), tok, cfg).run([P(i) for i in range(6)])
+    res = Dispatcher(engines, InstantPool(), tok, cfg).run([P(i) for i in range(6)])
     assert all(t.done_reason == "answer" for t in res.trajectories)
     calls = sum(e.calls for e in engines)
     assert len(places) < calls / 2, (len(places), calls)  # ~ once per stop, not once per step

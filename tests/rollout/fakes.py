@@ -141,3 +141,20 @@ def record_ledgers(monkeypatch) -> tuple[list, list[int]]:
     monkeypatch.setattr(AdmissionLedger, "__init__", init)
     monkeypatch.setattr(AdmissionLedger, "on_finish", on_finish)
     return ledgers, first_finish
+
+
+class InstantPool:
+    """Answers every sandbox call at once with ``1`` (the part of ``SandboxBackend`` the dispatcher uses)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def submit(self, req):
+        import concurrent.futures
+
+        from rstar2_jax.sandbox import CodeResult
+
+        self.calls += 1
+        f = concurrent.futures.Future()
+        f.set_result(CodeResult("ok", "1\n", "", 0, 0.01, False))
+        return f

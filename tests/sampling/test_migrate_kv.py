@@ -14,7 +14,7 @@ from rstar2_jax.sampling.scripted import ScriptedPolicy
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sampling import EngineConfig, PagedEngine
 from rstar2_jax.tokenizer import ByteTokenizer
-from tests.rollout.test_dynamic import _Pool
+from tests.rollout.fakes import InstantPool
 
 TOK, TPL = ByteTokenizer(), TemplateConfig.toy()
 CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(1)", "input": ""}}</tool_call>'
@@ -56,7 +56,7 @@ def test_kv_migration_moves_the_straggler_and_recomputes_nothing():
                    for d, delay in zip(devices, (0.05, 0.0))]
         cfg = RolloutConfig(n_samples=2, budget=256, template=TPL,
                             admission=AdmissionConfig(policy="dynamic", migrate=migrate))
-        res = Dispatcher(engines, _Pool(), TOK, cfg).run([_P(0), _P(1)])
+        res = Dispatcher(engines, InstantPool(), TOK, cfg).run([_P(0), _P(1)])
         st = [e.stats() for e in engines]
         for e in engines:  # every sequence released where it ended and where it left
             assert e.engine.page_table.used_pages() == 0 and not e.has_work()
