@@ -8,6 +8,18 @@
      shape per padded length) and one ``rl.train_step`` update.
 The update is built once, in ``__init__``; ``compiles`` in the loop's metrics checks that no step
 compiles it again. ``rl/`` and ``rollout/`` do not know each other: this module joins them.
+
+The train batch (host side, NumPy; ``trajectories_to_batch``), row i one trajectory,
+``full = prompt + response``, padded to ``seq_len``::
+
+    tokens[t]    = full[t]
+    targets[t]   = full[t + 1]                     (pad_id past the end)
+    loss_mask[t] = mask(full[t + 1])               1 on sampled tokens, 0 on prompt/tool/pad
+    old_logp[t]  = sampler log-prob of full[t + 1] (0 where the mask is 0)
+    advantages   = [B] per-trajectory advantage
+
+``pack_trajectories`` puts several trajectories in one row instead (segments, positions and
+per-token advantages), so a heavy-tailed batch is not padded to its longest trajectory row by row.
 """
 
 from __future__ import annotations
@@ -21,11 +33,10 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rstar2_jax.distributed import allgather_rows, process_local_batch, process_rows
-from rstar2_jax.rl import RLConfig, compute_advantages, p_total, roc_downsample
-from rstar2_jax.rl.penalties import RocRecord
+from rstar2_jax.rl import RLConfig, compute_advantages, roc_downsample
+from rstar2_jax.rl.penalties import RocRecord, combine, penalty_terms
 from rstar2_jax.rl.reference import reference_params
 from rstar2_jax.rl.train_step import TrainState, make_train_step, shard_batch
-from rstar2_jax.rollout.batch import pack_plan, pack_trajectories, trajectories_to_batch
 from rstar2_jax.rollout.trajectory import Trajectory
 
 
@@ -35,7 +46,7 @@ class LearnerConfig:
     seq_len: int  # longest train row (prompt + budget fits); rows are padded to a multiple of seq_bucket
     seq_bucket: int = 256  # few distinct padded lengths -> few compiles
     rows: int  # train rows per update (kept rows padded with zero-mask rows: one compiled shape)
-    # Several kept trajectories per row (segments; rollout.batch.pack_trajectories), rows filled in
+    # Several kept trajectories per row (segments; pack_trajectories), rows filled in
     # micro-batch order so the empty rows make whole micro-batches the update skips. False: one per row.
     pack: bool = True
 
@@ -55,25 +66,31 @@ def roc_record(t: Trajectory) -> RocRecord:
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Selection:
     """RoC's choice over the step's global batch (every process's trajectories, in process order):
-    indices into it and their advantages; ``offsets[p]`` is process p's first global index."""
+    indices into it and their advantages; ``offsets[p]`` is process p's first global index;
+    ``p_format``: every trajectory's format penalty (``RocConfig.penalties``; NaN where errored)."""
 
     kept: np.ndarray  # i64[K]
     advantages: np.ndarray  # f32[K]
     offsets: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.int64))  # i64[P + 1]
+    p_format: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # f64[N]
 
 
-SELECT_FIELDS = ("ok", "reward", "group", "p_total", "length")  # per trajectory, gathered across processes
+# per trajectory, gathered across processes: what RoC and the batch shape need
+SELECT_FIELDS = ("ok", "reward", "group", "p_err", "p_format", "length")
+F = {name: i for i, name in enumerate(SELECT_FIELDS)}
 
 
 def select_records(trajs: Sequence[Trajectory], roc: Any) -> np.ndarray:
-    """f64[N, 5]: what RoC and the batch shape need of each trajectory (``SELECT_FIELDS``)."""
+    """f64[N, len(SELECT_FIELDS)]: each trajectory's ``SELECT_FIELDS``; its penalty terms computed
+    once (``rl.penalties.penalty_terms``: RoC's p_total and the metrics' p_format both read them)."""
     rec = np.zeros((len(trajs), len(SELECT_FIELDS)), np.float64)
     ok = [i for i, t in enumerate(trajs) if t.done_reason != "error"]
     for i, t in enumerate(trajs):
-        rec[i] = (t.done_reason != "error", t.reward, t.group_id, 0.0, len(t.prompt_tokens) + len(t.response_tokens))
+        rec[i] = (t.done_reason != "error", t.reward, t.group_id, 0.0, 0.0,
+                  len(t.prompt_tokens) + len(t.response_tokens))
     if ok:
-        rec[ok, 3] = p_total([roc_record(trajs[i]) for i in ok], use_p_err=roc.use_p_err,
-                             use_p_format=roc.use_p_format, penalties=roc.penalties)
+        terms = penalty_terms([roc_record(trajs[i]) for i in ok], penalties=roc.penalties)
+        rec[ok, F["p_err"]], rec[ok, F["p_format"]] = terms
     return rec
 
 
@@ -116,19 +133,24 @@ class Learner:
 
     def select(self, trajs: Sequence[Trajectory], seed: int) -> tuple[Selection, np.ndarray]:
         """RoC downsampling (``roc_downsample``) of the non-errored trajectories of every process, and
-        advantages. Returns the selection and the gathered records (f64[N_global, 5])."""
+        advantages. Returns the selection and the gathered records (f64[N_global, len(SELECT_FIELDS)])."""
         roc = self.cfg.rl.roc
         parts = allgather_rows(select_records(trajs, roc))
         offsets = np.cumsum([0] + [len(x) for x in parts]).astype(np.int64)
         rec = np.concatenate(parts)
-        ok = np.flatnonzero(rec[:, 0] > 0)
+        ok = np.flatnonzero(rec[:, F["ok"]] > 0)
+        p_format = np.where(rec[:, F["ok"]] > 0, rec[:, F["p_format"]], np.nan)
         if not len(ok):
-            return Selection(kept=np.zeros(0, np.int64), advantages=np.zeros(0, np.float32), offsets=offsets), rec
-        rewards, groups, pt = rec[ok, 1], rec[ok, 2].astype(np.int64), rec[ok, 3]
+            return Selection(kept=np.zeros(0, np.int64), advantages=np.zeros(0, np.float32), offsets=offsets,
+                             p_format=p_format), rec
+        rewards, groups = rec[ok, F["reward"]], rec[ok, F["group"]].astype(np.int64)
+        pt = combine((rec[ok, F["p_err"]], rec[ok, F["p_format"]]), use_p_err=roc.use_p_err,
+                     use_p_format=roc.use_p_format)
         kept_sub = roc_downsample(rewards, groups, pt, roc.keep_per_group, seed, roc.mode,
                                   min_per_class=roc.min_per_class, eps=roc.eps)
         adv = compute_advantages(rewards[kept_sub], groups[kept_sub], self.cfg.rl.advantage)
-        return Selection(kept=ok[kept_sub], advantages=np.asarray(adv, np.float32), offsets=offsets), rec
+        return Selection(kept=ok[kept_sub], advantages=np.asarray(adv, np.float32), offsets=offsets,
+                         p_format=p_format), rec
 
     def _process_rows(self, sel: Selection, p: int) -> np.ndarray:
         """Positions in ``sel.kept`` of the rows process ``p`` trains (its kept, cut to its row count)."""
@@ -140,7 +162,7 @@ class Learner:
         """The padded row length: the longest kept trajectory of every process, bucketed (the same in
         every process, from the gathered lengths)."""
         everyone = np.concatenate([self._process_rows(sel, p) for p in range(len(sel.offsets) - 1)])
-        longest = int(rec[sel.kept[everyone], 4].max())
+        longest = int(rec[sel.kept[everyone], F["length"]].max())
         return min(self.cfg.seq_len, -(-longest // self.cfg.seq_bucket) * self.cfg.seq_bucket)
 
     def _micro_order(self, p: int) -> np.ndarray:
@@ -156,7 +178,7 @@ class Learner:
         """Each process's local row indices that hold a trajectory (from the gathered records)."""
         used = []
         for p in range(len(sel.offsets) - 1):
-            lengths = rec[sel.kept[self._process_rows(sel, p)], 4].astype(int)
+            lengths = rec[sel.kept[self._process_rows(sel, p)], F["length"]].astype(int)
             if self.cfg.pack:
                 used.append(self._micro_order(p)[: len(pack_plan(lengths, seq_len))])
             else:
@@ -172,7 +194,7 @@ class Learner:
         run = set()
         for p, local in enumerate(self._rows_used(sel, rec, seq_len)):
             run.update(int((p * k + r) % n) for r in local)
-        tokens = float(rec[sel.kept, 4].sum())
+        tokens = float(rec[sel.kept, F["length"]].sum())
         computed = len(run) * b * seq_len
         return {"pad_frac": 1.0 - tokens / max(computed, 1), "micro_batches_run": len(run), "micro_batches": n}
 
@@ -213,3 +235,80 @@ class Learner:
             m.update({f"train/{k}": float(v) for k, v in metrics.items()})
             m.update({f"train/{k}": float(v) for k, v in self.padding(sel, rec).items()})
         return m, sel
+
+
+def trajectories_to_batch(trajs: Sequence[Trajectory], advantages: np.ndarray, seq_len: int,
+                          pad_id: int) -> dict[str, np.ndarray]:
+    """Stack ``trajs`` into ``[B, seq_len]`` arrays (see module docstring); too-long rows raise."""
+    b = len(trajs)
+    tokens = np.full((b, seq_len), pad_id, np.int32)
+    targets = np.full((b, seq_len), pad_id, np.int32)
+    mask = np.zeros((b, seq_len), np.float32)
+    old = np.zeros((b, seq_len), np.float32)
+    for i, t in enumerate(trajs):
+        full = list(t.prompt_tokens) + list(t.response_tokens)
+        if len(full) > seq_len:
+            raise ValueError(f"trajectory {t.uid} has {len(full)} tokens > seq_len {seq_len}")
+        n, p = len(full), len(t.prompt_tokens)
+        tokens[i, :n] = full
+        targets[i, : n - 1] = full[1:]
+        mask[i, p - 1: n - 1] = t.loss_mask
+        old[i, p - 1: n - 1] = t.sampler_logprobs
+    return {"tokens": tokens, "targets": targets, "loss_mask": mask, "old_logp": old,
+            "advantages": np.asarray(advantages, np.float32).reshape(b)}
+
+
+def pack_plan(lengths: Sequence[int], row_len: int) -> list[list[int]]:
+    """First-fit decreasing: which trajectories (indices into ``lengths``) share each row of
+    ``row_len`` tokens. Deterministic (ties by index); a trajectory longer than a row raises."""
+    rows: list[list[int]] = []
+    free: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        n = int(lengths[i])
+        if n > row_len:
+            raise ValueError(f"trajectory {i} has {n} tokens > row length {row_len}")
+        for r, f in enumerate(free):
+            if n <= f:
+                rows[r].append(i)
+                free[r] -= n
+                break
+        else:
+            rows.append([i])
+            free.append(row_len - n)
+    return rows
+
+
+def pack_trajectories(trajs: Sequence[Trajectory], advantages: np.ndarray, row_len: int, pad_id: int,
+                      plan: Sequence[Sequence[int]] | None = None) -> dict[str, np.ndarray]:
+    """Several trajectories per row (``plan``, default :func:`pack_plan`): ``[R, row_len]`` arrays.
+
+    Each trajectory is laid out as in :func:`trajectories_to_batch` inside its own segment, plus
+    ``segment_ids`` (1, 2, ... within a row; 0 = padding), ``positions`` (restarting at 0 in each
+    segment) and per-token ``advantages`` ``[R, row_len]`` (the trajectory's Â on its segment). The
+    attention mask and the loss aggregation read the segments, so the loss and its gradient equal
+    those of one trajectory per row (tests/test_learner_batch.py)."""
+    full = [list(t.prompt_tokens) + list(t.response_tokens) for t in trajs]
+    plan = pack_plan([len(f) for f in full], row_len) if plan is None else plan
+    r = len(plan)
+    out = {"tokens": np.full((r, row_len), pad_id, np.int32), "targets": np.full((r, row_len), pad_id, np.int32),
+           "loss_mask": np.zeros((r, row_len), np.float32), "old_logp": np.zeros((r, row_len), np.float32),
+           "advantages": np.zeros((r, row_len), np.float32), "positions": np.zeros((r, row_len), np.int32),
+           "segment_ids": np.zeros((r, row_len), np.int32)}
+    adv = np.asarray(advantages, np.float32).reshape(len(trajs))
+    for row, members in enumerate(plan):
+        at = 0
+        for seg, i in enumerate(members, start=1):
+            t, f = trajs[i], full[i]
+            n, p = len(f), len(t.prompt_tokens)
+            if at + n > row_len:
+                raise ValueError(f"row {row} of the plan holds {at + n} tokens > row length {row_len}")
+            sl = slice(at, at + n)
+            out["tokens"][row, sl] = f
+            out["targets"][row, at: at + n - 1] = f[1:]
+            out["loss_mask"][row, at + p - 1: at + n - 1] = t.loss_mask
+            out["old_logp"][row, at + p - 1: at + n - 1] = t.sampler_logprobs
+            out["advantages"][row, sl] = adv[i]
+            out["positions"][row, sl] = np.arange(n)
+            out["segment_ids"][row, sl] = seg
+            at += n
+    return out

@@ -13,7 +13,8 @@ from flax import nnx
 
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.learner import Learner, LearnerConfig
-from rstar2_jax.loop import positive_tool_error_rate, rl_step
+from rstar2_jax.loop import rl_step
+from rstar2_jax.metrics import positive_tool_error_rate, trajectory_stats
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
@@ -110,6 +111,11 @@ def test_positive_tool_error_rate():
     class T:
         def __init__(self, reward, statuses):
             self.reward, self.tools = reward, [type("R", (), {"status": s}) for s in statuses]
+            self.response_tokens, self.done_reason = [], "answer"
 
-    assert positive_tool_error_rate([T(1, ["ok", "timeout"]), T(0, ["runtime_error"]), T(1, [])]) == 0.5
-    assert math.isnan(positive_tool_error_rate([T(0, ["ok"])]))
+    def rate(trajs):
+        return positive_tool_error_rate(trajectory_stats(trajs))
+
+    # positives: 2 calls, 1 error ("timeout"); the negative's error does not count
+    assert rate([T(1, ["ok", "timeout"]), T(0, ["runtime_error"]), T(1, [])]) == 0.5
+    assert math.isnan(rate([T(0, ["ok"])]))

@@ -14,10 +14,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from rstar2_jax.metrics import error_rate
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.score import score
 from rstar2_jax.rollout.template import TemplateConfig
+from rstar2_jax.rollout.trajectory import tool_errors
 from rstar2_jax.sampling import Engine, Greedy, Sampler, Temperature, TopP
 from rstar2_jax.sandbox import SandboxBackend
 
@@ -86,10 +88,10 @@ def evaluate(problems: Sequence[Problem], engines: Sequence[Engine], pool: Sandb
     for gi, p in enumerate(problems, start=first_group):
         ts = [t for t in result.trajectories if t.group_id == gi]
         rows.append({
-            "id": str(getattr(p, "id", gi)), "gold": str(getattr(p, "answer", "")),
+            "id": str(p.id), "gold": str(p.answer),
             "answers": [t.reward_info.get("answer") for t in ts], "correct": [bool(t.reward) for t in ts],
             "pass@1": float(np.mean([t.reward for t in ts])), "tool_calls": [len(t.tools) for t in ts],
-            "tool_errors": [sum(r.status != "ok" for r in t.tools) for t in ts],
+            "tool_errors": [tool_errors(t) for t in ts],
             "response_tokens": [len(t.response_tokens) for t in ts],
             "generated_tokens": [int(sum(t.loss_mask)) for t in ts], "turns": [len(t.turns) for t in ts],
             "done": [t.done_reason for t in ts], "errors": [t.error for t in ts],
@@ -123,7 +125,7 @@ def summarize(rows: Sequence[dict]) -> dict[str, Any]:
         "n": len(rows), "k": len(rows[0]["correct"]), "pass@1": float(np.mean([r["pass@1"] for r in rows])),
         "mean_response_tokens": float(np.mean(flat("response_tokens"))),
         "tool_calls_per_traj": float(np.mean(calls)),
-        "tool_error_rate": float(np.sum(flat("tool_errors")) / max(1, np.sum(calls))),
+        "tool_error_rate": error_rate(np.sum(flat("tool_errors")), np.sum(calls), empty=0.0),
     }
     if flat("generated_tokens"):
         out["mean_generated_tokens"] = float(np.mean(flat("generated_tokens")))

@@ -170,6 +170,30 @@ def p_format_release(n_answer_open: np.ndarray, n_answer_close: np.ndarray, n_an
     return np.where(bad, 1.0, np.minimum((k - 1.0) / np.maximum(turns, 1.0), 1.0))
 
 
+def penalty_terms(records: Iterable[RocRecord] | Mapping[str, Sequence[int]], *,
+                  penalties: str = "paper") -> tuple[np.ndarray, np.ndarray]:
+    """``(p_err, p_format)`` of a batch of records under the ``penalties`` definitions (module
+    docstring), float64 [N] each."""
+    a = stack_records(records, penalties=penalties)
+    if penalties == "paper":
+        return (p_err(a["n_tool_calls"], a["n_tool_errors"]),
+                p_format(a["n_answer_open"], a["n_answer_close"], a["n_turns"]))
+    return (p_err(a["n_tool_responses"], a["n_tool_response_errors"]),
+            p_format_release(a["n_response_answer_open"], a["n_response_answer_close"],
+                             a["n_response_answer_pairs"], a["n_response_turns"]))
+
+
+def combine(terms: tuple[np.ndarray, np.ndarray], *, use_p_err: bool = True, use_p_format: bool = True) -> np.ndarray:
+    """p_total = p_err + p_format, either term switched off (the release's roc_error_ratio /
+    roc_answer_format flags). float64 [N]."""
+    total = np.zeros(terms[0].shape, dtype=np.float64)
+    if use_p_err:
+        total += terms[0]
+    if use_p_format:
+        total += terms[1]
+    return total
+
+
 def p_total(records: Iterable[RocRecord] | Mapping[str, Sequence[int]], *, use_p_err: bool = True,
             use_p_format: bool = True, penalties: str = "paper") -> np.ndarray:
     """Total RoC penalty p_total = p_err + p_format (paper §3.2), for a batch of records. float64 [N].
@@ -177,17 +201,4 @@ def p_total(records: Iterable[RocRecord] | Mapping[str, Sequence[int]], *, use_p
     ``penalties``: "paper" or "release" (module docstring). ``use_p_err`` / ``use_p_format`` switch a
     term off (the release's roc_error_ratio / roc_answer_format flags), for ablations.
     """
-    a = stack_records(records, penalties=penalties)
-    total = np.zeros(next(iter(a.values())).shape, dtype=np.float64)
-    if penalties == "paper":
-        if use_p_err:
-            total += p_err(a["n_tool_calls"], a["n_tool_errors"])
-        if use_p_format:
-            total += p_format(a["n_answer_open"], a["n_answer_close"], a["n_turns"])
-    else:
-        if use_p_err:
-            total += p_err(a["n_tool_responses"], a["n_tool_response_errors"])
-        if use_p_format:
-            total += p_format_release(a["n_response_answer_open"], a["n_response_answer_close"],
-                                      a["n_response_answer_pairs"], a["n_response_turns"])
-    return total
+    return combine(penalty_terms(records, penalties=penalties), use_p_err=use_p_err, use_p_format=use_p_format)

@@ -7,7 +7,7 @@ One call of the step returned by :func:`make_train_step` does, for a batch of B 
   2. the batch is split into B / b micro-batches of b = ``micro_batch_size`` rows; for each,
      (S_k, D_k) of ``rl.loss.policy_loss`` and ∇_θ S_k (log-probs chunked over T, never [B,T,V]);
      a micro-batch with no trained token is skipped (``lax.cond``: it would add exactly zero), so a
-     packed batch (``rollout.batch.pack_trajectories``) whose empty rows fill the last micro-batches
+     packed batch (``learner.pack_trajectories``) whose empty rows fill the last micro-batches
      costs only the micro-batches it fills;
   3. g = Σ_k ∇S_k / Σ_k D_k and L = Σ_k S_k / Σ_k D_k — the full-batch loss and gradient exactly;
   4. AdamW (lr warm-up then constant, decoupled weight decay, global-norm clip) updates θ.

@@ -40,7 +40,7 @@ from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, Imp
                                          Resume, Stepped, StopWorker, SubmitGroup, ToolDone)
 from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.template import TemplateConfig, ToolCall, ToolCallError, render_prompt
-from rstar2_jax.rollout.trajectory import Status, Trajectory
+from rstar2_jax.rollout.trajectory import Status, Trajectory, tool_calls_per_traj
 from rstar2_jax.rollout.worker import EngineWorker
 from rstar2_jax.sampling import Request, Sampler, StopEvent, Temperature
 from rstar2_jax.sampling.interface import Configured, Engine
@@ -408,7 +408,7 @@ class Dispatcher:
             "tool_calls": len(self._tool_latency), "tool_latency_p50_s": float(np.percentile(lat, 50)),
             "tool_latency_p99_s": float(np.percentile(lat, 99)), "tool_time_s": float(np.sum(self._tool_latency)),
             "turns_per_traj": float(np.mean([len(t.turns) for t in trajs])),
-            "tool_calls_per_traj": float(np.mean([len(t.tools) for t in trajs])),
+            "tool_calls_per_traj": tool_calls_per_traj(trajs),
             "done_reasons": dict(Counter(t.done_reason for t in trajs)),
             "reserve_ratio": self.ledger.ratio.value,
             "length_model_n": self.ledger.lengths_seen,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any
+from typing import Any, Sequence
 
 from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, find_tool_call, parse_tool_call,
                                          render_tool_result, tool_response_segment)
@@ -28,6 +28,9 @@ class Status(enum.Enum):
 
 DONE_REASONS = ("answer", "eos", "max_turns", "budget", "error")
 DECODE_ERROR = "decode_error"  # tool status of an undecodable call (an error for p_err)
+
+
+TOOL_OK = "ok"  # the one tool status that is not an error (``sandbox.ResultStatus.OK``)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,3 +131,13 @@ class Trajectory:
         self.sampler_logprobs.extend([0.0] * len(segment))
         self.pending_call, self.status = None, Status.GENERATING
         return segment
+
+
+def tool_errors(t: Trajectory) -> int:
+    """Tool calls of ``t`` whose response is an error (sandbox status not "ok", or undecodable)."""
+    return sum(r.status != TOOL_OK for r in t.tools)
+
+
+def tool_calls_per_traj(trajs: Sequence[Trajectory]) -> float:
+    """Mean tool calls per trajectory (the metric the dispatcher, the RL step and evaluation report)."""
+    return float(sum(len(t.tools) for t in trajs) / len(trajs)) if trajs else float("nan")
