@@ -58,7 +58,7 @@ def _learner_and_batch(trajs, pack, rows, micro, agg):
     from flax import nnx
 
     from rstar2_jax.config import ModelConfig
-    from rstar2_jax.learner import Learner, LearnerConfig, Selection
+    from rstar2_jax.learner import F, SELECT_FIELDS, Learner, LearnerConfig, Selection
     from rstar2_jax.model import Qwen3, split_policy
     from rstar2_jax.rl import LossConfig, RLConfig
     from rstar2_jax.rl.train_step import init_train_state
@@ -70,7 +70,8 @@ def _learner_and_batch(trajs, pack, rows, micro, agg):
     learner = Learner(graphdef, init_train_state(params, rl), cfg, pad_id=0)
     n = len(trajs)
     adv = np.linspace(-1, 1, n).astype(np.float32)
-    rec = np.array([[1, 0, t.group_id, 0, len(t.prompt_tokens) + len(t.response_tokens)] for t in trajs], float)
+    rec = np.zeros((n, len(SELECT_FIELDS)))  # what the batch reads of the records: each length
+    rec[:, F["length"]] = [len(t.prompt_tokens) + len(t.response_tokens) for t in trajs]
     sel = Selection(kept=np.arange(n), advantages=adv, offsets=np.array([0, n]))
     return learner, learner.batch(trajs, sel, rec), learner.padding(sel, rec), jax
 
