@@ -20,13 +20,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from rstar2_jax.config import MeshConfig
+from rstar2_jax.rl.config import ROC_MODES
 from rstar2_jax.sampling.placement import PlacementConfig
 
 STAGES = ("sft", "rl_stage1", "rl_stage2", "filter", "rl_stage3", "done")
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
-_ROC_MODES = ("paper", "deterministic", "none")
 _PATHS = {"model_path": "directory", "sft_data": "file", "rl_data": "file", "eval_data": "file"}
 
 
@@ -126,8 +126,8 @@ class RecipeConfig:
             raise bad("dtype", f"one of {_DTYPES}")
         if self.engine_weight_dtype not in (None, *_DTYPES):
             raise bad("engine_weight_dtype", f"null or one of {_DTYPES}")
-        if self.roc_mode not in _ROC_MODES:
-            raise bad("roc_mode", f"one of {_ROC_MODES}")
+        if self.roc_mode not in ROC_MODES:
+            raise bad("roc_mode", f"one of {ROC_MODES}")
         if not isinstance(self.mesh, MeshConfig):
             raise bad("mesh", "a MeshConfig (in JSON: an object with keys data, fsdp, tensor)")
         self.placement()  # validates the engine fields

@@ -21,6 +21,7 @@ matched, else ``"fallback"`` with the text the release would grade anyway.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 
 from rstar2_jax.rewards.boxes import join_boxes
@@ -30,7 +31,14 @@ from rstar2_jax.tags import DEFAULT_TAGS, Tags
 
 STATUSES = ("ok", "no_box", "several", "fallback")  # "fallback": release mode, nothing matched
 ANSWERED = ("ok", "several", "fallback")  # statuses that carry an answer to grade
-EXTRACTION_MODES = ("strict", "release")
+class ExtractionMode(enum.StrEnum):
+    """What ``extract_answer`` grades (docs/design.md §4)."""
+
+    STRICT = "strict"  # the last box of the final <answer> of the assistant turns
+    RELEASE = "release"  # what the released recipe extracts from the whole decoded response
+
+
+EXTRACTION_MODES = tuple(m.value for m in ExtractionMode)
 _BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
 
 

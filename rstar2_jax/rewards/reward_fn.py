@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from rstar2_jax.rewards.extract import EXTRACTION_MODES, extract_answer
+from rstar2_jax.rewards.extract import EXTRACTION_MODES, ExtractionMode, extract_answer
 from rstar2_jax.rewards.format import split_turns
 from rstar2_jax.rewards.verify import verify_batch
 from rstar2_jax.tags import DEFAULT_TAGS
+
+if TYPE_CHECKING:
+    from rstar2_jax.sandbox import SandboxBackend
 
 Trajectory = str | Sequence[str]  # full assistant text, or its per-turn assistant texts
 
@@ -30,9 +33,9 @@ class RewardFn:
     """
 
     timeout_s: float = 5.0  # hard limit per check (killed from outside)
-    pool: Any = dataclasses.field(default=None, compare=False, repr=False)  # SandboxPool; None: default_pool()
+    pool: SandboxBackend | None = dataclasses.field(default=None, compare=False, repr=False)  # None: default_pool()
     chunk_size: int = 8  # checks per sandbox call
-    extraction: str = "strict"  # "strict" | "release" (extract.py)
+    extraction: ExtractionMode = ExtractionMode.STRICT  # "strict" | "release" (extract.py); stored as the enum
 
     def __post_init__(self) -> None:
         if not isinstance(self.timeout_s, (int, float)) or not self.timeout_s > 0:
@@ -41,6 +44,7 @@ class RewardFn:
             raise ValueError(f"RewardFn.chunk_size must be a positive int, got {self.chunk_size!r}")
         if self.extraction not in EXTRACTION_MODES:
             raise ValueError(f"RewardFn.extraction must be one of {EXTRACTION_MODES}, got {self.extraction!r}")
+        object.__setattr__(self, "extraction", ExtractionMode(self.extraction))
 
     def __call__(self, trajectory: Trajectory, gold: str) -> tuple[float, dict]:
         return self.batch([trajectory], [gold])[0]

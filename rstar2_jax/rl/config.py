@@ -10,10 +10,43 @@ import dataclasses
 import enum
 from typing import Any
 
-ROC_MODES = ("paper", "deterministic", "none")
-PENALTY_MODES = ("paper", "release")  # definitions of p_err / p_format (rl/penalties.py)
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
-OLD_LOGP_SOURCES = ("recompute", "sampler")
+
+
+class RocMode(enum.StrEnum):
+    """How RoC keeps G of 2G rollouts (``rl.roc``)."""
+
+    PAPER = "paper"  # positives sampled with probability ∝ 1 / (p_total + ε), negatives uniformly
+    DETERMINISTIC = "deterministic"  # the released code: lowest p_total first, negatives in rollout order
+    NONE = "none"  # plain GRPO: G of the 2G uniformly (the baseline)
+
+
+class Penalties(enum.StrEnum):
+    """Definitions of p_err / p_format (``rl.penalties``)."""
+
+    PAPER = "paper"  # sandbox statuses, assistant-text tags, all assistant turns
+    RELEASE = "release"  # the released code's counts over the decoded response
+
+
+class AggMode(enum.StrEnum):
+    """How per-token losses become the batch loss (``rl.loss.aggregate_loss``)."""
+
+    TOKEN_MEAN = "token-mean"
+    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
+    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
+    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"  # token sums over a constant L_max (Dr.GRPO)
+
+
+class OldLogpSource(enum.StrEnum):
+    """Where π_old's log-probs come from."""
+
+    RECOMPUTE = "recompute"  # the trainer's no-grad pass over the batch
+    SAMPLER = "sampler"  # the engines' sampling log-probs (batch["old_logp"])
+
+
+ROC_MODES = tuple(m.value for m in RocMode)
+PENALTY_MODES = tuple(m.value for m in Penalties)  # definitions of p_err / p_format (rl/penalties.py)
+AGG_MODES = tuple(m.value for m in AggMode)
+OLD_LOGP_SOURCES = tuple(m.value for m in OldLogpSource)
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -84,19 +117,19 @@ class RocConfig:
     """
 
     keep_per_group: int = 16  # G: rollouts kept per problem (2G = 32 sampled in the paper)
-    mode: str = "paper"  # "paper" | "deterministic" (released code) | "none" (GRPO baseline)
+    mode: RocMode = RocMode.PAPER  # "paper" | "deterministic" (released code) | "none" (GRPO baseline)
     min_per_class: int = 2  # keep >= this many positives / negatives when the group has them
     eps: float = 1e-3  # ε in the positive weight w_i = 1 / (p_total_i + ε)
     use_p_err: bool = True  # include p_err in p_total (release flag roc_error_ratio)
     use_p_format: bool = True  # include p_format in p_total (release flag roc_answer_format)
-    penalties: str = "paper"  # "paper" | "release": how p_err and p_format are counted
+    penalties: Penalties = Penalties.PAPER  # "paper" | "release": how p_err and p_format are counted
 
     def __post_init__(self):
-        _check(self.mode in ROC_MODES, f"mode must be one of {ROC_MODES}, got {self.mode!r}")
+        _as_enum(self, "mode", RocMode)
+        _as_enum(self, "penalties", Penalties)
         _check(self.keep_per_group >= 1, f"keep_per_group (G) must be >= 1, got {self.keep_per_group}")
         _check(self.min_per_class >= 0, f"min_per_class must be >= 0, got {self.min_per_class}")
         _check(self.eps > 0, f"eps must be > 0, got {self.eps}")
-        _check(self.penalties in PENALTY_MODES, f"penalties must be one of {PENALTY_MODES}, got {self.penalties!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -135,7 +168,7 @@ class LossConfig:
     dual_clip_c: float | None = 3.0  # ppo_clip only: for Â < 0 the loss is capped at -c·Â; None disables
     log_ratio_clamp: float = 20.0  # log π/π_old (and log π_ref/π_θ) is clamped to ±this before exp
     # "token-mean" | "seq-mean-token-mean" | "seq-mean-token-sum" | "seq-mean-token-sum-norm"; None = the kind's
-    agg_mode: str | None = None
+    agg_mode: AggMode | None = None
     norm_len: int | None = None  # L_max of "seq-mean-token-sum-norm" (Dr.GRPO's constant, e.g. the budget)
     sapo_tau_pos: float = 1.0  # SAPO gate temperature τ for Â > 0 (SAPO paper)
     sapo_tau_neg: float = 1.05  # SAPO gate temperature τ for Â <= 0 (τ_neg > τ_pos damps negatives faster)
@@ -146,13 +179,14 @@ class LossConfig:
     def __post_init__(self):
         _as_enum(self, "kind", LossKind)
         _as_enum(self, "kl_estimator", KLEstimator)
+        if self.agg_mode is not None:
+            _as_enum(self, "agg_mode", AggMode)
         r = self.resolved()
         _check(0 <= r.eps_low <= 1, f"eps_low must be in [0, 1], got {r.eps_low}")
         _check(r.eps_high >= 0, f"eps_high must be >= 0, got {r.eps_high}")
         _check(self.dual_clip_c is None or self.dual_clip_c > 1,
                f"dual_clip_c must be None or > 1, got {self.dual_clip_c}")
         _check(self.log_ratio_clamp > 0, f"log_ratio_clamp must be > 0, got {self.log_ratio_clamp}")
-        _check(r.agg_mode in AGG_MODES, f"agg_mode must be one of {AGG_MODES}, got {r.agg_mode!r}")
         _check(r.agg_mode != "seq-mean-token-sum-norm" or (isinstance(self.norm_len, int) and self.norm_len >= 1),
                f"norm_len must be an int >= 1 with agg_mode 'seq-mean-token-sum-norm', got {self.norm_len!r}")
         _check(self.sapo_tau_pos > 0 and self.sapo_tau_neg > 0,
@@ -201,7 +235,7 @@ class RLConfig:
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     micro_batch_size: int | None = None  # rows per micro-batch (grad accumulation); None = whole batch
     logprob_chunk_size: int = 128  # token chunk for log-probs (never materialise [B,T,V])
-    old_logp_source: str = "recompute"  # "recompute": trainer's no-grad pass; "sampler": batch["old_logp"]
+    old_logp_source: OldLogpSource = OldLogpSource.RECOMPUTE  # "recompute" (no-grad pass) or "sampler"
     compute_entropy: bool = False  # report policy entropy (a metric; computed anyway when loss.entropy_coef > 0)
     # τ of the trained policy softmax(logits/τ): set it to the rollout sampler's temperature so the
     # importance ratios and the gradient are those of the distribution the rollouts were drawn from
@@ -212,8 +246,7 @@ class RLConfig:
         _check(self.micro_batch_size is None or self.micro_batch_size >= 1,
                f"micro_batch_size must be None or >= 1, got {self.micro_batch_size}")
         _check(self.logprob_chunk_size >= 1, f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
-        _check(self.old_logp_source in OLD_LOGP_SOURCES,
-               f"old_logp_source must be one of {OLD_LOGP_SOURCES}, got {self.old_logp_source!r}")
+        _as_enum(self, "old_logp_source", OldLogpSource)
         _check(isinstance(self.temperature, (int, float)) and self.temperature > 0,
                f"temperature must be > 0, got {self.temperature!r}")
         _check(self.temperature == 1.0 or self.old_logp_source == "recompute",
