@@ -3,7 +3,7 @@
 ``DenseSampler`` is the design most JAX RL codebases use: B prompts are padded into one batch, a
 dense ``[B, max_len]`` KV cache is allocated per layer, and a ``lax.while_loop`` decodes until the
 **longest** sequence of the batch ends (finished rows keep computing). Memory per sequence is
-``max_len`` positions whatever its length. Decode attention is the same ``blockwise_attention``
+``max_len`` positions whatever its length. Decode attention is the same ``attention_over_kv_blocks``
 (8-row chunks, 64-position key blocks up to the longest row) as the paged engine, so a comparison
 measures paging and scheduling, not a different kernel.
 
@@ -25,7 +25,7 @@ from flax import nnx
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import apply, head_weight, logits as model_logits
 from rstar2_jax.sampling.engine import key_data as _key_data
-from rstar2_jax.sampling.kv_cache import KV_BLOCK, attention_over_keys, blockwise_attention, map_rows
+from rstar2_jax.sampling.kv_cache import KV_BLOCK, attention_over_keys, attention_over_kv_blocks, map_rows
 from rstar2_jax.sampling.sampling_fns import Sampler, Temperature, sample_rows
 
 
@@ -79,7 +79,7 @@ def _dense_generate(graphdef, params, prompt_bp, prompt_len_b, key_data_b, max_n
             def chunk(q, kc, vc, pos):  # same blockwise attention as the paged engine
                 kv_block = lambda i: (jax.lax.dynamic_slice_in_dim(kc, i * KV_BLOCK, KV_BLOCK, axis=1),
                                       jax.lax.dynamic_slice_in_dim(vc, i * KV_BLOCK, KV_BLOCK, axis=1))
-                return blockwise_attention(q, pos[:, None], kv_block, KV_BLOCK)
+                return attention_over_kv_blocks(q, pos[:, None], kv_block, KV_BLOCK)
 
             return map_rows(chunk, q, kc, vc, pos), (kc, vc)
 

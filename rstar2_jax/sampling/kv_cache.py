@@ -127,10 +127,12 @@ def attention_over_keys(q_rqnh: Float[Array, "R Q N H"], k_rskh: Float[Array, "R
     return dense_attention(q_rqnh, k_rskh, v_rskh, mask_rqs)
 
 
-def blockwise_attention(q_rqnh: Float[Array, "R Q N H"], q_pos_rq: Int[Array, "R Q"],
-                        kv_block: Callable[[jax.Array], tuple[jax.Array, jax.Array]], block_len: int,
-                        ) -> Float[Array, "R Q N H"]:
-    """Causal GQA attention that only visits key blocks up to the rows' longest query position.
+def attention_over_kv_blocks(q_rqnh: Float[Array, "R Q N H"], q_pos_rq: Int[Array, "R Q"],
+                             kv_block: Callable[[jax.Array], tuple[jax.Array, jax.Array]], block_len: int,
+                             ) -> Float[Array, "R Q N H"]:
+    """Causal GQA attention over cached K/V blocks (decode and prefill chunks; the training-side
+    ``model.attention.blockwise_attention`` is another function), visiting key blocks only up to
+    the rows' longest query position.
 
     ``kv_block(i)`` returns ``(k, v)`` ``[R, block_len, K, H]`` for key positions
     ``[i*block_len, (i+1)*block_len)``. Blocks ``0 .. max(q_pos) // block_len`` are combined with an
@@ -169,7 +171,7 @@ def map_rows(fn, *xs, chunk: int = ROW_CHUNK):
 
     XLA:CPU is memory-bound here: materialising every row's keys at once (rows x S x K x H) spills
     out of cache and made a 64-row decode ~3x slower than 8 chunks of 8 rows. With
-    ``blockwise_attention`` each chunk also stops at its own longest row, so callers sort rows by
+    ``attention_over_kv_blocks`` each chunk also stops at its own longest row, so callers sort rows by
     length. Results do not depend on the chunking.
     """
     r = xs[0].shape[0]
@@ -193,7 +195,7 @@ def _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq):
             pages = jax.lax.dynamic_slice_in_dim(bt, i * bp, bp, axis=1)  # [R, bp]
             shape = (bt.shape[0], bp * z, kh, h)
             return k_pages[pages].reshape(shape), v_pages[pages].reshape(shape)
-        return blockwise_attention(q, pos, kv_block, bp * z)
+        return attention_over_kv_blocks(q, pos, kv_block, bp * z)
 
     with jax.named_scope("paged_attention"):
         return map_rows(rows, q_rqnh, bt, q_pos_rq)
@@ -215,7 +217,7 @@ def _flat_decode_attention(q_r1nh, layer, block_tables_rm, q_pos_r1):
     [K*H, S]`` product; the output keeps the diagonal ``[K, H]`` blocks. K-fold redundant
     multiply-adds (none for MQA) buy contiguous operands: on XLA:CPU about 2x faster than the
     per-kv-head contraction at 2 kv heads. Key blocks of ``FLAT_DECODE_KV_BLOCK`` positions up to the longest
-    row, combined by the same online softmax as ``blockwise_attention``: a block fully masked for a
+    row, combined by the same online softmax as ``attention_over_kv_blocks``: a block fully masked for a
     row leaves it bit-for-bit unchanged, so a row's result does not depend on the other rows.
     """
     k_pages, v_pages = layer

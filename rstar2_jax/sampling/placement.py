@@ -6,7 +6,8 @@ over a process's ``jax.local_devices()`` in order: engine ``i`` gets local devic
 fit) and returns one ``EngineLayout`` per local engine.
 
 An ``EngineLayout`` is one engine's sub-mesh and its tensor-parallel sharding rules (Megatron /
-vLLM style), over two mesh axes ``("kv", "rep")`` of sizes ``kv * rep = T``:
+vLLM style; ``model.sharding.ENGINE_RULES``, the trainer's ``ShardingRules`` type), over two mesh axes
+``("kv", "rep")`` of sizes ``kv * rep = T``:
 
 * q/k/v and gate/up are column-parallel (heads / MLP width split), o and down row-parallel (their
   input dim split: XLA adds the all-reduce after them); the vocabulary (embedding rows, LM head
@@ -35,8 +36,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.sharding import ENGINE_AXES, ENGINE_RULES
 
-ENGINE_AXES = ("kv", "rep")
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -86,17 +87,9 @@ class EngineLayout:
 
     # -- the rules ---------------------------------------------------------------------------------
     def logical_spec(self, logical: Sequence[str | None], shape: Sequence[int]) -> P:
-        """PartitionSpec of a parameter by its logical axes (a dim the axes do not divide: replicated)."""
-        both = ENGINE_AXES
-        rules = {"q_heads": both, "kv_heads": "kv", "mlp": both, "vocab": both}
-        sizes = {"kv": self.kv, "rep": self.rep}
-        spec = []
-        for name, dim in zip(logical, shape):
-            axis = rules.get(name) if name is not None else None
-            names = () if axis is None else (axis if isinstance(axis, tuple) else (axis,))
-            size = int(np.prod([sizes[a] for a in names])) if names else 1
-            spec.append(None if axis is None or size == 1 or dim % size else axis)
-        return P(*spec)
+        """PartitionSpec of a parameter by its logical axes (``model.sharding.ENGINE_RULES``; a dim the
+        axes do not divide, or axes of size 1: replicated)."""
+        return ENGINE_RULES.spec(logical, shape, {"kv": self.kv, "rep": self.rep})
 
     def param_shardings(self, params: nnx.State) -> nnx.State:
         """A pytree like ``params`` whose leaves are the engine's ``NamedSharding`` of each parameter."""
