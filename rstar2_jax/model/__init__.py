@@ -9,7 +9,8 @@ from rstar2_jax.model.sharding import (ENGINE_RULES, TRAINER_RULES, ShardingRule
 
 __all__ = [
     "AttendFn", "ENGINE_RULES", "Qwen3", "ShardingRules", "TRAINER_RULES", "apply", "batch_sharding",
-    "blockwise_attention", "causal_segment_mask", "constrain", "default_positions", "dense_attention", "head_weight", "hidden_logprobs",
-    "logical_to_spec", "logits", "make_mesh", "naive_token_logprobs", "param_shardings", "replicated", "rope",
-    "rules_for", "shard_params", "split_policy", "token_logprobs", "training_attention",
+    "blockwise_attention", "causal_segment_mask", "constrain", "default_positions", "dense_attention",
+    "head_weight", "hidden_logprobs", "logical_to_spec", "logits", "make_mesh", "naive_token_logprobs",
+    "param_shardings", "replicated", "rope", "rules_for", "shard_params", "split_policy", "token_logprobs",
+    "training_attention",
 ]
