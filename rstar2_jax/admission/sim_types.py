@@ -1,4 +1,5 @@
-"""The simulator's inputs and outputs (frozen dataclasses; ``admission.simulate`` runs them)."""
+"""The simulator's inputs and outputs (frozen dataclasses; ``admission.simulate`` runs them) and its
+running state: a sequence, a group of them, an engine."""
 
 from __future__ import annotations
 
@@ -83,3 +84,79 @@ class SimResult:
     swapped_tokens: float = 0.0  # preempted positions kept in host memory (``SimEngine.swap_tokens``), not recomputed
     processed_tokens: float = 0.0  # every token fed or sampled (prompts once per child, recompute included)
     timeline: list[list[tuple[float, float]]] = dataclasses.field(default_factory=list)  # per engine: (s, pages)
+
+
+class SimSeq:
+    __slots__ = ("spec", "group", "order", "engine", "turn", "pre", "dec", "total", "mem", "uncached", "shares",
+                 "resp", "tool", "t0", "preempted", "swapped")
+
+    def __init__(self, spec: SimTrajectory, group: "SimLiveGroup", order: tuple[int, int]):
+        self.spec, self.group, self.order, self.engine, self.turn = spec, group, order, -1, 0
+        self.pre = 0.0  # prefill steps left before decoding
+        self.dec = float(spec.turns[0])  # tokens left to sample in this turn
+        self.total = float(group.prompt_len)  # tokens of the sequence so far
+        self.mem = 0.0  # KV tokens held (0: holds nothing)
+        self.uncached = float(group.prompt_len)  # tokens to feed before sampling
+        self.shares = True  # uses the group's shared prompt pages
+        self.resp = 0  # response tokens at its last turn boundary
+        self.tool = False  # waiting for a tool
+        self.t0 = -1.0  # first submission
+        self.preempted = False  # its KV was freed once: it returns only with headroom
+        self.swapped = 0.0  # KV tokens waiting in host memory (swap) while preempted
+
+    @property
+    def progress(self) -> int:
+        """Response tokens used so far (what the ledger forecasts from; exact here)."""
+        return self.resp if self.tool else self.resp + int(self.spec.turns[self.turn] - self.dec)
+
+
+class SimLiveGroup:
+    """A group of sequences (``admission.policy.PendingGroup`` while it waits)."""
+
+    __slots__ = ("prompt_len", "page_size", "shared", "seqs", "sharers", "key", "__weakref__")
+
+    def __init__(self, prompt_len: int, page_size: int, key: Hashable = None):
+        self.prompt_len, self.page_size, self.key = prompt_len, page_size, key
+        self.shared = (prompt_len // page_size) * page_size  # full prompt pages, held once
+        self.seqs: list[SimSeq] = []
+        self.sharers = 0
+
+    @property
+    def size(self) -> int:
+        return len(self.seqs)
+
+    @property
+    def problem(self) -> Hashable:
+        return self.key
+
+    @staticmethod
+    def make(g: SimGroup, idx: int, page_size: int) -> "SimLiveGroup":
+        out = SimLiveGroup(g.prompt_len, page_size, g.key)
+        out.seqs = [SimSeq(t, out, (idx, i)) for i, t in enumerate(g.trajs)]
+        return out
+
+    def split(self, k: int) -> tuple["SimLiveGroup", "SimLiveGroup"]:
+        """The first ``k`` samples and the rest, as two groups (each shares its own prompt pages)."""
+        z = self.page_size
+        parts = (SimLiveGroup(self.prompt_len, z, self.key), SimLiveGroup(self.prompt_len, z, self.key))
+        for part, seqs in zip(parts, (self.seqs[:k], self.seqs[k:])):
+            part.seqs = seqs
+            for s in seqs:
+                s.group = part
+        return parts
+
+
+class SimEngineState:
+    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "finish", "kv_s",
+                 "spec", "cap", "last_step_s", "timeline", "swap_used")
+
+    def __init__(self, spec: SimEngine):
+        self.spec, self.cap = spec, spec.usable_pages * spec.page_size
+        self.last_step_s = spec.step_s(1)
+        self.timeline: list[tuple[float, float]] = []
+        self.active: list[SimSeq] = []
+        self.queue: list[tuple] = []  # heap of (order, seq): strict FIFO by submission order
+        self.holders: set[SimSeq] = set()
+        self.t_last = self.busy = self.row_s = self.used = self.peak = self.finish = self.kv_s = 0.0
+        self.swap_used = 0.0
+        self.version = 0

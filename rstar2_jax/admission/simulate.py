@@ -52,87 +52,12 @@ from typing import Hashable, Mapping, Sequence
 from rstar2_jax.admission.book import AdmissionLedger, EngineShape
 from rstar2_jax.admission.config import AdmissionConfig
 from rstar2_jax.admission.policy import admit
-from rstar2_jax.admission.sim_types import SimEngine, SimGroup, SimResult, SimTrajectory
+from rstar2_jax.admission.sim_types import (SimEngine, SimEngineState, SimGroup, SimLiveGroup, SimResult, SimSeq,
+                                           SimTrajectory)
 
 __all__ = ["SimEngine", "SimGroup", "SimResult", "SimTrajectory", "Simulator", "simulate"]
 
 _EPS = 1e-9
-
-
-class _Seq:
-    __slots__ = ("spec", "group", "order", "engine", "turn", "pre", "dec", "total", "mem", "uncached", "shares",
-                 "resp", "tool", "t0", "preempted", "swapped")
-
-    def __init__(self, spec: SimTrajectory, group: "_Group", order: tuple[int, int]):
-        self.spec, self.group, self.order, self.engine, self.turn = spec, group, order, -1, 0
-        self.pre = 0.0  # prefill steps left before decoding
-        self.dec = float(spec.turns[0])  # tokens left to sample in this turn
-        self.total = float(group.prompt_len)  # tokens of the sequence so far
-        self.mem = 0.0  # KV tokens held (0: holds nothing)
-        self.uncached = float(group.prompt_len)  # tokens to feed before sampling
-        self.shares = True  # uses the group's shared prompt pages
-        self.resp = 0  # response tokens at its last turn boundary
-        self.tool = False  # waiting for a tool
-        self.t0 = -1.0  # first submission
-        self.preempted = False  # its KV was freed once: it returns only with headroom
-        self.swapped = 0.0  # KV tokens waiting in host memory (swap) while preempted
-
-    @property
-    def progress(self) -> int:
-        """Response tokens used so far (what the ledger forecasts from; exact here)."""
-        return self.resp if self.tool else self.resp + int(self.spec.turns[self.turn] - self.dec)
-
-
-class _Group:
-    """A group of sequences (``admission.policy.PendingGroup`` while it waits)."""
-
-    __slots__ = ("prompt_len", "page_size", "shared", "seqs", "sharers", "key", "__weakref__")
-
-    def __init__(self, prompt_len: int, page_size: int, key: Hashable = None):
-        self.prompt_len, self.page_size, self.key = prompt_len, page_size, key
-        self.shared = (prompt_len // page_size) * page_size  # full prompt pages, held once
-        self.seqs: list[_Seq] = []
-        self.sharers = 0
-
-    @property
-    def size(self) -> int:
-        return len(self.seqs)
-
-    @property
-    def problem(self) -> Hashable:
-        return self.key
-
-    @staticmethod
-    def make(g: SimGroup, idx: int, page_size: int) -> "_Group":
-        out = _Group(g.prompt_len, page_size, g.key)
-        out.seqs = [_Seq(t, out, (idx, i)) for i, t in enumerate(g.trajs)]
-        return out
-
-    def split(self, k: int) -> tuple["_Group", "_Group"]:
-        """The first ``k`` samples and the rest, as two groups (each shares its own prompt pages)."""
-        z = self.page_size
-        parts = (_Group(self.prompt_len, z, self.key), _Group(self.prompt_len, z, self.key))
-        for part, seqs in zip(parts, (self.seqs[:k], self.seqs[k:])):
-            part.seqs = seqs
-            for s in seqs:
-                s.group = part
-        return parts
-
-
-class _Eng:
-    __slots__ = ("active", "queue", "holders", "t_last", "version", "busy", "row_s", "used", "peak", "finish", "kv_s",
-                 "spec", "cap", "last_step_s", "timeline", "swap_used")
-
-    def __init__(self, spec: SimEngine):
-        self.spec, self.cap = spec, spec.usable_pages * spec.page_size
-        self.last_step_s = spec.step_s(1)
-        self.timeline: list[tuple[float, float]] = []
-        self.active: list[_Seq] = []
-        self.queue: list[tuple] = []  # heap of (order, seq): strict FIFO by submission order
-        self.holders: set[_Seq] = set()
-        self.t_last = self.busy = self.row_s = self.used = self.peak = self.finish = self.kv_s = 0.0
-        self.swap_used = 0.0
-        self.version = 0
 
 
 class Simulator:
@@ -152,8 +77,8 @@ class Simulator:
             if g.prompt_len + budget + self.slack > min(sp.usable_pages for sp in specs) * self.z:
                 raise ValueError(f"simulate: a sequence of {g.prompt_len} + {budget} tokens never fits one engine")
         self.n_engines = n_engines
-        self.engs = [_Eng(sp) for sp in specs]
-        self.gs = [_Group.make(g, i, self.z) for i, g in enumerate(groups)]
+        self.engs = [SimEngineState(sp) for sp in specs]
+        self.gs = [SimLiveGroup.make(g, i, self.z) for i, g in enumerate(groups)]
         self.heap: list[tuple] = []
         self.counter = 0
         self.n_left = sum(len(g.seqs) for g in self.gs)
@@ -175,14 +100,14 @@ class Simulator:
         heapq.heappush(self.heap, (t, self.counter, kind, obj))
 
     # -- the dispatcher's side: the ledger ----------------------------------------------------------
-    def progress(self, s: _Seq) -> int:
+    def progress(self, s: SimSeq) -> int:
         """The ledger's view of ``s``: its exact progress now (its engine advanced first)."""
         e = self.engs[s.engine]
         if e.t_last != self.now:
             self.advance(e, self.now)
         return s.progress
 
-    def submit(self, g: _Group, idx: int, now: float) -> None:
+    def submit(self, g: SimLiveGroup, idx: int, now: float) -> None:
         e = self.engs[idx]
         self.advance(e, now)
         for i, s in enumerate(g.seqs):  # the engine's order: submission order (long-first under "dynamic")
@@ -193,7 +118,7 @@ class Simulator:
         self.ledger.on_submit(idx, g, g.prompt_len, g.seqs, g.key)
         self.reschedule(idx, now)
 
-    def migrate(self, s: _Seq, idx: int, now: float) -> None:
+    def migrate(self, s: SimSeq, idx: int, now: float) -> None:
         """Move ``s`` (its tool answered, response appended) to engine ``idx``, queued as a new
         submission: its KV goes along (``move_kv``; held there from its admission) or is freed and
         its whole context recomputed there."""
@@ -219,7 +144,7 @@ class Simulator:
         admit(self.ledger, self.pending, lambda g, idx: self.submit(g, idx, now))
 
     # -- the engine ---------------------------------------------------------------------------------
-    def advance(self, e: _Eng, now: float) -> None:
+    def advance(self, e: SimEngineState, now: float) -> None:
         e.kv_s += (now - e.t_last) * e.used  # KV x time (growth within the interval added below)
         if e.active:
             dt = now - e.t_last
@@ -238,22 +163,22 @@ class Simulator:
             e.peak = max(e.peak, e.used)
         e.t_last = now
 
-    def lanes(self, e: _Eng) -> tuple[list[_Seq], list[_Seq]]:
+    def lanes(self, e: SimEngineState) -> tuple[list[SimSeq], list[SimSeq]]:
         """The sequences fed a chunk this step (the ``prefill_rows`` oldest with uncached tokens) and
         the decoding ones."""
         fed = sorted((s for s in e.active if s.pre > _EPS), key=lambda s: s.order)[:e.spec.prefill_rows]
         return fed, [s for s in e.active if s.pre <= _EPS]
 
     @staticmethod
-    def private(s: _Seq) -> float:
+    def private(s: SimSeq) -> float:
         return s.total - (s.group.shared if s.shares else 0)
 
-    def alloc_need(self, s: _Seq) -> float:
+    def alloc_need(self, s: SimSeq) -> float:
         """KV tokens that admitting ``s`` to a slot adds now (all its tokens must be held)."""
         first_sharer = s.mem == 0 and s.shares and s.group.sharers == 0
         return self.private(s) + self.slack - s.mem + (s.group.shared if first_sharer else 0)
 
-    def hold(self, e: _Eng, s: _Seq) -> None:
+    def hold(self, e: SimEngineState, s: SimSeq) -> None:
         if s.mem == 0:
             e.holders.add(s)
             if s.shares:
@@ -265,7 +190,7 @@ class Simulator:
         e.used += n
         e.peak = max(e.peak, e.used)
 
-    def free(self, e: _Eng, s: _Seq) -> None:
+    def free(self, e: SimEngineState, s: SimSeq) -> None:
         e.used -= s.mem
         s.mem = 0.0
         e.holders.discard(s)
@@ -275,7 +200,7 @@ class Simulator:
             if s.group.sharers == 0:
                 e.used -= s.group.shared
 
-    def preempt(self, e: _Eng, exclude: _Seq | None = None) -> bool:
+    def preempt(self, e: SimEngineState, exclude: SimSeq | None = None) -> bool:
         """Free the KV of the holder with the fewest cached tokens (ties: the newest), as
         ``PagedEngine``'s scheduler; it recomputes everything when it next gets a slot."""
         victims = [s for s in e.holders if s is not exclude]
@@ -298,7 +223,7 @@ class Simulator:
             heapq.heappush(e.queue, (v.order, v))
         return True
 
-    def fill(self, e: _Eng) -> None:
+    def fill(self, e: SimEngineState) -> None:
         while e.queue and len(e.active) < e.spec.num_slots:
             s = e.queue[0][1]
             # Room for its tokens plus one per active sequence (a step's growth): an exact fit would be
@@ -315,7 +240,7 @@ class Simulator:
             s.uncached = 0.0
             e.active.append(s)
 
-    def headroom(self, e: _Eng, s: _Seq) -> float:
+    def headroom(self, e: SimEngineState, s: SimSeq) -> float:
         """KV tokens a preempted ``s`` must leave free to return (``Scheduler._headroom``)."""
         if not s.preempted or not e.active:
             return 0.0
@@ -337,11 +262,11 @@ class Simulator:
         self.push(now + max(k, 0.0) * e.last_step_s, "engine", (idx, e.version))
 
     @staticmethod
-    def step_cost(e: _Eng, fed: list[_Seq], decoders: list[_Seq]) -> float:
+    def step_cost(e: SimEngineState, fed: list[SimSeq], decoders: list[SimSeq]) -> float:
         ctx = sum(s.total for s in decoders) + sum(s.total for s in fed) if e.spec.step_s_per_kctx else 0.0
         return e.spec.step_s(len(decoders) + len(fed), len(fed), ctx)
 
-    def end_turn(self, idx: int, s: _Seq, now: float) -> bool:
+    def end_turn(self, idx: int, s: SimSeq, now: float) -> bool:
         e = self.engs[idx]
         s.resp += s.spec.turns[s.turn]
         if s.turn < len(s.spec.turns) - 1:

@@ -27,78 +27,28 @@ is dropped when it finishes, aborts or errors.
 
 from __future__ import annotations
 
-import dataclasses
-import queue
 import time
 from collections import Counter, deque
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rstar2_jax.admission import AdmissionConfig, AdmissionLedger, EngineShape, admit
+from rstar2_jax.admission import AdmissionLedger, EngineShape, admit
 from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, ImportSeq, MoveOut, Refused, Release,
                                          Resume, Stepped, StopWorker, SubmitGroup, ToolDone)
 from rstar2_jax.rollout.problem import Problem
-from rstar2_jax.rollout.template import TemplateConfig, ToolCall, ToolCallError, render_prompt
+from rstar2_jax.rollout.state import Batch, Group, RolloutConfig, RolloutResult
+from rstar2_jax.rollout.template import ToolCall, ToolCallError, render_prompt
 from rstar2_jax.rollout.trajectory import Status, Trajectory, tool_calls_per_traj
 from rstar2_jax.rollout.worker import EngineWorker
-from rstar2_jax.sampling import Request, Sampler, StopEvent, Temperature
+from rstar2_jax.sampling import Request, StopEvent
 from rstar2_jax.sampling.interface import Configured, Engine
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxBackend
 from rstar2_jax.tokenizer import Tokenizer
 
+__all__ = ["ADMIT_EVERY", "Dispatcher", "RolloutConfig", "RolloutResult"]
+
 ADMIT_EVERY = 16  # engine steps between retries of a waiting group (a page of tokens per row)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class RolloutConfig:
-    """What to roll out (samples, budget, sampler, template) and how to admit it (``admission``)."""
-
-    n_samples: int = 2  # 2G: rollouts per problem before RoC keeps G
-    budget: int = 256  # response tokens per trajectory, tool tokens included
-    sampler: Sampler = Temperature(temperature=1.0)
-    template: TemplateConfig = TemplateConfig()
-    tool_timeout_s: float | None = None  # None: the pool's limits
-    admission: AdmissionConfig = AdmissionConfig()  # which engine a group goes to, and when
-
-    def __post_init__(self) -> None:
-        if self.n_samples < 1:
-            raise ValueError(f"RolloutConfig.n_samples must be >= 1, got {self.n_samples}")
-        if self.budget < 1:
-            raise ValueError(f"RolloutConfig.budget must be >= 1, got {self.budget}")
-
-
-@dataclasses.dataclass
-class RolloutResult:
-    trajectories: list[Trajectory]  # unscored: reward 0 until ``rollout.score``
-    metrics: dict[str, Any]
-    timeline: list[list[tuple[float, int]]]  # per engine: (seconds since start, KV pages in use)
-    spans: list[tuple[float, float]] = dataclasses.field(default_factory=list)  # per trajectory: first submit, end (s)
-
-
-@dataclasses.dataclass(eq=False)
-class _Group:
-    """Samples of one problem submitted together (a split group is two of these); an
-    ``admission.PendingGroup`` while it waits."""
-
-    trajs: list[Trajectory]
-    prompt: list[int]
-    key: int  # the sampling key
-    engine: int = -1
-    problem: str = ""  # problem id: the ledger remembers lengths under it
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
-
-    @property
-    def size(self) -> int:
-        return len(self.trajs)
-
-    def split(self, k: int) -> tuple["_Group", "_Group"]:
-        """The first ``k`` samples (same sampling key) and the rest (a key of its own)."""
-        return (_Group(self.trajs[:k], self.prompt, key=self.key, problem=self.problem),
-                _Group(self.trajs[k:], self.prompt, key=(self.key * 7919 + k) % (1 << 62), problem=self.problem))
 
 
 def _shape(engine: Engine) -> EngineShape:
@@ -148,29 +98,27 @@ class Dispatcher:
         sampling keys are the global ones, so the shard rolls out as in a one-process run)."""
         from tqdm.auto import tqdm
 
-        self._budget = budget = self.cfg.budget if budget is None else budget
-        trajs = self._build(problems, seed, budget, first_group)
-        self.ledger.new_batch(budget, self._progress)
-        groups = list(self._pending)
-        self._pending = deque(groups[i] for i in self.ledger.order([g.problem for g in groups]))
-        self._out: queue.Queue[Event] = queue.Queue()
+        self.b = Batch(budget=self.cfg.budget if budget is None else budget, n_engines=len(self.engines))
+        trajs = self._build(problems, seed, first_group)
+        self.ledger.new_batch(self.b.budget, self._progress)
+        groups = list(self.b.pending)
+        self.b.pending = deque(groups[i] for i in self.ledger.order([g.problem for g in groups]))
         start = [e.stats() for e in self.engines]
-        self._preempt = [s.preemptions for s in start]
-        preempt0 = list(self._preempt)
+        self.b.preempt = [s.preemptions for s in start]
+        preempt0 = list(self.b.preempt)
         t0 = time.perf_counter()
-        self.workers = [EngineWorker(i, e, self._out, t0) for i, e in enumerate(self.engines)]
+        self.workers = [EngineWorker(i, e, self.b.out, t0) for i, e in enumerate(self.engines)]
         for w in self.workers:
             w.start()
         bar = tqdm(total=len(trajs), desc="rollout", disable=not show_progress, leave=False)
-        bar.update(self._n_done)
+        bar.update(self.b.n_done)
         try:
-            self._admit_due = True
-            while self._n_done < len(trajs):
-                if self._admit_due:
+            while self.b.n_done < len(trajs):
+                if self.b.admit_due:
                     self._admit()
-                before = self._n_done
-                self._handle(self._out.get())
-                bar.update(self._n_done - before)
+                before = self.b.n_done
+                self._handle(self.b.out.get())
+                bar.update(self.b.n_done - before)
         finally:
             for w in self.workers:
                 w.commands.put(StopWorker())
@@ -180,38 +128,23 @@ class Dispatcher:
         metrics = self._metrics(trajs, time.perf_counter() - t0, preempt0)
         metrics["unshared_children"] = sum(e.stats().unshared_children - s.unshared_children
                                            for e, s in zip(self.engines, start))  # forks that found no room
-        spans = [(self._t_start.get(t.uid, t0) - t0, self._t_end.get(t.uid, t0) - t0) for t in trajs]
+        spans = [(self.b.t_start.get(t.uid, t0) - t0, self.b.t_end.get(t.uid, t0) - t0) for t in trajs]
         return RolloutResult(trajs, metrics, [w.timeline for w in self.workers], spans)
 
-    def _build(self, problems: Sequence[Problem], seed: int, budget: int, first_group: int = 0) -> list[Trajectory]:
-        """The batch's trajectories; problems that cannot run finish as errors right away."""
-        trajs: list[Trajectory] = []
-        self._pending: deque[_Group] = deque()
-        self._by_uid: dict[int, Trajectory] = {}
-        self._group_of: dict[int, _Group] = {}
-        self._by_seq: dict[tuple[int, int], Trajectory] = {}
-        self._seq_of: dict[int, tuple[int, int]] = {}
-        self._clock = [0] * len(self.engines)  # engine steps seen
-        self._mark: dict[int, int] = {}  # uid -> engine step when its current turn was handed over
-        self._tool_latency: list[float] = []
-        self._n_done = 0
-        self._engine_of: dict[int, int] = {}  # uid -> engine it runs on now
-        self._t_start: dict[int, float] = {}  # uid -> perf_counter at its first submission
-        self._t_end: dict[int, float] = {}
-        self._fresh_prefill = 0  # prompt tokens per submitted group + tool tokens appended
-        self._migrations, self._migrated_tokens, self._kv_moved = 0, 0, 0
-        self._export_errors: Counter[str] = Counter()  # MoveOut exports that failed (moved by re-prefill)
+    def _build(self, problems: Sequence[Problem], seed: int, first_group: int = 0) -> list[Trajectory]:
+        """The batch's trajectories (into ``self.b``); problems that cannot run finish as errors right away."""
+        trajs, budget = self.b.trajs, self.b.budget
         max_len = min(e.max_seq_len for e in self.engines)
         for gi, p in enumerate(problems, start=first_group):
             text = str(p.problem or "")
             prompt = self.tok.encode(render_prompt(text, self.cfg.template))
-            group = _Group([], prompt, key=seed * 1_000_003 + gi, problem=str(p.id))
+            group = Group([], prompt, key=seed * 1_000_003 + gi, problem=str(p.id))
             for _ in range(self.cfg.n_samples):
                 t = Trajectory(uid=len(trajs), group_id=gi, problem_id=str(p.id), gold=str(p.answer),
                                prompt_tokens=prompt, budget=budget)
                 trajs.append(t)
                 group.trajs.append(t)
-                self._by_uid[t.uid] = t
+                self.b.by_uid[t.uid] = t
             if not text.strip():
                 err = "empty problem"
             elif len(prompt) + budget > max_len:
@@ -221,16 +154,16 @@ class Dispatcher:
             if err:
                 for t in group.trajs:
                     t.finish("error", err)
-                    self._n_done += 1
+                    self.b.n_done += 1
             else:
-                self._pending.append(group)
+                self.b.pending.append(group)
         return trajs
 
     # -- admission ---------------------------------------------------------------------------------
     def _progress(self, uid: int) -> int:
-        t = self._by_uid[uid]
-        e = self._engine_of[uid]
-        return len(t.response_tokens) + (self._clock[e] - self._mark[uid] if t.status is Status.GENERATING else 0)
+        t = self.b.by_uid[uid]
+        e = self.b.engine_of[uid]
+        return len(t.response_tokens) + (self.b.clock[e] - self.b.mark[uid] if t.status is Status.GENERATING else 0)
 
     def _admit(self) -> None:
         """Submit pending groups while the ledger places them (``admission.admit``, the simulator's
@@ -239,20 +172,20 @@ class Dispatcher:
         stop, a finish, a preemption, a refusal, or every ``ADMIT_EVERY`` steps of an engine (the
         forecast follows progress), not after every step (a placement costs about a millisecond
         of host time, which the engines' host threads compete for)."""
-        self._admit_due = False
-        admit(self.ledger, self._pending, self._submit)
+        self.b.admit_due = False
+        admit(self.ledger, self.b.pending, self._submit)
 
-    def _submit(self, g: _Group, e: int) -> None:
+    def _submit(self, g: Group, e: int) -> None:
         g.engine = e
         now = time.perf_counter()
         for t in g.trajs:
-            self._group_of[t.uid] = g
-            self._engine_of[t.uid] = e
-            self._mark[t.uid] = self._clock[e]
-            self._t_start.setdefault(t.uid, now)
-        self._fresh_prefill += len(g.prompt)
+            self.b.group_of[t.uid] = g
+            self.b.engine_of[t.uid] = e
+            self.b.mark[t.uid] = self.b.clock[e]
+            self.b.t_start.setdefault(t.uid, now)
+        self.b.fresh_prefill += len(g.prompt)
         self.ledger.on_submit(e, g, len(g.prompt), [t.uid for t in g.trajs], g.problem)
-        request = Request(prompt=g.prompt, key=g.key, max_new_tokens=self._budget, sampler=self.cfg.sampler,
+        request = Request(prompt=g.prompt, key=g.key, max_new_tokens=self.b.budget, sampler=self.cfg.sampler,
                           stop_token_ids=self.stop_ids, stop_strings=self.stop_strings)
         self.workers[e].commands.put(SubmitGroup(g, request, len(g.trajs)))
 
@@ -260,29 +193,29 @@ class Dispatcher:
     def _handle(self, msg: Event) -> None:
         if isinstance(msg, Stepped):
             e = msg.engine
-            tick = self._clock[e] // ADMIT_EVERY
-            self._clock[e] += msg.steps  # a decode loop ran several steps (a token each per row)
+            tick = self.b.clock[e] // ADMIT_EVERY
+            self.b.clock[e] += msg.steps  # a decode loop ran several steps (a token each per row)
             if msg.steps:
                 self.ledger.observe_step_s(e, msg.step_s / msg.steps)
-            self._admit_due |= bool(msg.events) or msg.preemptions > self._preempt[e] or \
-                self._clock[e] // ADMIT_EVERY > tick
-            if msg.preemptions > self._preempt[e]:
-                self.ledger.on_preemptions(msg.preemptions - self._preempt[e])
-                self._preempt[e] = msg.preemptions
+            self.b.admit_due |= bool(msg.events) or msg.preemptions > self.b.preempt[e] or \
+                self.b.clock[e] // ADMIT_EVERY > tick
+            if msg.preemptions > self.b.preempt[e]:
+                self.ledger.on_preemptions(msg.preemptions - self.b.preempt[e])
+                self.b.preempt[e] = msg.preemptions
             for ev in msg.events:
                 self._on_stop(e, ev)
             return
-        self._admit_due = True  # a tool answered, a group was admitted, a command was refused
+        self.b.admit_due = True  # a tool answered, a group was admitted, a command was refused
         if isinstance(msg, Admitted):
             for t, s in zip(msg.group.trajs, msg.seq_ids):
-                self._by_seq[(msg.engine, s)] = t
-                self._seq_of[t.uid] = (msg.engine, s)
+                self.b.by_seq[(msg.engine, s)] = t
+                self.b.seq_of[t.uid] = (msg.engine, s)
         elif isinstance(msg, ToolDone):
             try:
                 result = msg.future.result()
             except Exception as ex:
                 result = CodeResult.sandbox_error(f"{type(ex).__name__}: {ex}")
-            self._on_tool(self._by_uid[msg.uid], result, time.perf_counter() - msg.t0)
+            self._on_tool(self.b.by_uid[msg.uid], result, time.perf_counter() - msg.t0)
         elif isinstance(msg, Crashed):  # the engine's state is undefined now: fail the whole batch loudly
             raise RuntimeError(f"engine {msg.engine} crashed: {type(msg.exc).__name__}: {msg.exc}") from msg.exc
         elif isinstance(msg, Exported):
@@ -295,20 +228,20 @@ class Dispatcher:
         if isinstance(cmd, Release):
             return  # the trajectory is already done; nothing to fail
         trajs = cmd.group.trajs if isinstance(cmd, (SubmitGroup, MoveOut, ImportSeq)) else \
-            [self._by_seq.get((e, cmd.seq_id))]
+            [self.b.by_seq.get((e, cmd.seq_id))]
         for t in trajs:
             if t is not None and t.status is not Status.DONE:
                 t.finish("error", msg.error)
-                self._finish(t, self._seq_of.get(t.uid, (e, None))[1] if isinstance(cmd, Resume) else None)
+                self._finish(t, self.b.seq_of.get(t.uid, (e, None))[1] if isinstance(cmd, Resume) else None)
 
     def _on_stop(self, e: int, ev: StopEvent) -> None:
-        t = self._by_seq[(e, ev.seq_id)]
+        t = self.b.by_seq[(e, ev.seq_id)]
         t.on_generated(ev.tokens, ev.logprobs, ev.reason in ("max_new_tokens", "max_seq_len"),
                        self.tok, self.cfg.template)
         if t.status is Status.DONE:
             self._finish(t, ev.seq_id)
             return
-        self._mark[t.uid] = self._clock[e]
+        self.b.mark[t.uid] = self.b.clock[e]
         self.ledger.on_progress(e, t.uid, waiting=True)
         if isinstance(t.pending_call, ToolCallError):
             self._on_tool(t, t.pending_call, 0.0)
@@ -317,25 +250,25 @@ class Dispatcher:
         t0 = time.perf_counter()
         try:
             fut = self.pool.submit(CodeRequest(code=call.code, stdin=call.stdin, timeout_s=self.cfg.tool_timeout_s))
-            fut.add_done_callback(lambda f, uid=t.uid, t0=t0: self._out.put(ToolDone(uid, f, t0)))
+            fut.add_done_callback(lambda f, uid=t.uid, t0=t0: self.b.out.put(ToolDone(uid, f, t0)))
         except Exception as ex:  # pool refused: a tool error, not a crash
             self._on_tool(t, CodeResult.sandbox_error(str(ex)), 0.0)
 
     def _on_tool(self, t: Trajectory, result: Any, latency: float) -> None:
-        e, seq_id = self._seq_of[t.uid]
+        e, seq_id = self.b.seq_of[t.uid]
         if not isinstance(result, ToolCallError):
-            self._tool_latency.append(latency)
+            self.b.tool_latency.append(latency)
         tokens = t.on_tool_result(result, latency, self.tok, self.cfg.template)
         if tokens is None:
             self._finish(t, seq_id)
             return
-        self._fresh_prefill += len(tokens)
+        self.b.fresh_prefill += len(tokens)
         context = len(t.prompt_tokens) + len(t.response_tokens)
         f = self.ledger.migration(e, t.uid, context) if self.ledger.speeds_known else None
         if f is not None:
             self._migrate(t, e, seq_id, f, tokens)
             return
-        self._mark[t.uid] = self._clock[e]
+        self.b.mark[t.uid] = self.b.clock[e]
         self.ledger.on_progress(e, t.uid)
         self.workers[e].commands.put(Resume(seq_id, tokens, t.remaining))
 
@@ -344,13 +277,13 @@ class Dispatcher:
         ``move_kv`` the engine exports its K/V first (``MoveOut``, then ``_moved_out``); else it is
         freed on ``e`` and its whole context submitted to ``f`` as a one-sample group."""
         context = list(t.prompt_tokens) + list(t.response_tokens)
-        self._by_seq.pop((e, seq_id), None)
-        g = _Group([t], context, key=(self._group_of[t.uid].key * 31 + len(t.turns) * 7 + 1) % (1 << 62),
-                   engine=f, problem=self._group_of[t.uid].problem)
+        self.b.by_seq.pop((e, seq_id), None)
+        g = Group([t], context, key=(self.b.group_of[t.uid].key * 31 + len(t.turns) * 7 + 1) % (1 << 62),
+                   engine=f, problem=self.b.group_of[t.uid].problem)
         self.ledger.on_move(e, f, t.uid, len(context), len(t.response_tokens))
-        self._group_of[t.uid], self._engine_of[t.uid] = g, f
-        self._mark[t.uid] = self._clock[f]
-        self._migrations += 1
+        self.b.group_of[t.uid], self.b.engine_of[t.uid] = g, f
+        self.b.mark[t.uid] = self.b.clock[f]
+        self.b.migrations += 1
         if self.cfg.admission.move_kv:
             self.workers[e].commands.put(MoveOut(seq_id, g, f, tokens, t.remaining))
             return
@@ -365,48 +298,48 @@ class Dispatcher:
             return
         if msg.export is None:
             if msg.error:
-                self._export_errors[msg.error] += 1
+                self.b.export_errors[msg.error] += 1
             self._resubmit(cmd.group, t)
             return
-        self._kv_moved += msg.export.cached
+        self.b.kv_moved += msg.export.cached
         self.workers[cmd.dest].commands.put(ImportSeq(cmd.group, msg.export, cmd.tokens, cmd.max_new_tokens))
 
-    def _resubmit(self, g: _Group, t: Trajectory) -> None:
-        self._migrated_tokens += len(g.prompt)
+    def _resubmit(self, g: Group, t: Trajectory) -> None:
+        self.b.migrated_tokens += len(g.prompt)
         request = Request(prompt=g.prompt, key=g.key, max_new_tokens=t.remaining, sampler=self.cfg.sampler,
                           stop_token_ids=self.stop_ids, stop_strings=self.stop_strings)
         self.workers[g.engine].commands.put(SubmitGroup(g, request, 1))
 
     def _finish(self, t: Trajectory, seq_id: int | None) -> None:
-        g = self._group_of.get(t.uid)
-        self._n_done += 1
-        self._t_end[t.uid] = time.perf_counter()
+        g = self.b.group_of.get(t.uid)
+        self.b.n_done += 1
+        self.b.t_end[t.uid] = time.perf_counter()
         if g is None:
             return  # never admitted
-        e = self._engine_of[t.uid]
+        e = self.b.engine_of[t.uid]
         if seq_id is not None:
             self.workers[e].commands.put(Release(seq_id))
         self.ledger.on_finish(e, t.uid, None if t.done_reason == "error" else len(t.response_tokens))
 
     def _metrics(self, trajs: list[Trajectory], makespan: float, preempt0: list[int]) -> dict[str, Any]:
         sampled = sum(sum(t.loss_mask) for t in trajs)
-        lat = np.asarray(self._tool_latency) if self._tool_latency else np.zeros(1)
-        traj_lat = np.asarray([self._t_end[u] - s for u, s in self._t_start.items() if u in self._t_end] or [0.0])
+        lat = np.asarray(self.b.tool_latency) if self.b.tool_latency else np.zeros(1)
+        traj_lat = np.asarray([self.b.t_end[u] - s for u, s in self.b.t_start.items() if u in self.b.t_end] or [0.0])
         return {
             "traj_latency_p50_s": float(np.percentile(traj_lat, 50)),
             "traj_latency_p90_s": float(np.percentile(traj_lat, 90)),  # first submission -> end
-            "fresh_prefill_tokens": self._fresh_prefill,  # prompts (once per group) + tool responses
-            "migrations": self._migrations, "migrated_tokens": self._migrated_tokens,  # contexts prefilled again
-            "kv_moved_tokens": self._kv_moved,  # cached positions that moved with their K/V (not recomputed)
-            "kv_export_errors": dict(self._export_errors),  # why an export failed -> count (normally empty)
+            "fresh_prefill_tokens": self.b.fresh_prefill,  # prompts (once per group) + tool responses
+            "migrations": self.b.migrations, "migrated_tokens": self.b.migrated_tokens,  # contexts prefilled again
+            "kv_moved_tokens": self.b.kv_moved,  # cached positions that moved with their K/V (not recomputed)
+            "kv_export_errors": dict(self.b.export_errors),  # why an export failed -> count (normally empty)
             "policy": self.cfg.admission.policy.value, "step_s": self.ledger.measured_step_s(),
             "makespan_s": makespan, "output_tokens": sampled, "tokens_per_s": sampled / max(makespan, 1e-9),
-            "preemptions": int(sum(self._preempt) - sum(preempt0)),
+            "preemptions": int(sum(self.b.preempt) - sum(preempt0)),
             "idle_fraction": [max(0.0, 1 - w.busy_s / max(makespan, 1e-9)) for w in self.workers],
             "kv_peak_pages": [max((u for _, u in w.timeline), default=0) for w in self.workers],
             "kv_total_pages": [e.usable_pages for e in self.engines],
-            "tool_calls": len(self._tool_latency), "tool_latency_p50_s": float(np.percentile(lat, 50)),
-            "tool_latency_p99_s": float(np.percentile(lat, 99)), "tool_time_s": float(np.sum(self._tool_latency)),
+            "tool_calls": len(self.b.tool_latency), "tool_latency_p50_s": float(np.percentile(lat, 50)),
+            "tool_latency_p99_s": float(np.percentile(lat, 99)), "tool_time_s": float(np.sum(self.b.tool_latency)),
             "turns_per_traj": float(np.mean([len(t.turns) for t in trajs])),
             "tool_calls_per_traj": tool_calls_per_traj(trajs),
             "done_reasons": dict(Counter(t.done_reason for t in trajs)),
