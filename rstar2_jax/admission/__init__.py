@@ -10,12 +10,12 @@ length model and the KV forecast), ``book`` (``AdmissionLedger``: per-engine liv
 from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
 from rstar2_jax.admission.config import AdmissionConfig, Policy, Reserve
 from rstar2_jax.admission.forecast import AdaptiveRatio, LengthModel, fits, forecast
-from rstar2_jax.admission.policy import AdmissionPolicy, PendingGroup, Placement, admit
+from rstar2_jax.admission.policy import AdmissionPolicy, LedgerPolicy, PendingGroup, Placement, admit
 from rstar2_jax.admission.sim_types import SimEngine, SimGroup, SimResult, SimTrajectory
 from rstar2_jax.admission.simulate import Simulator, simulate
 
 __all__ = [
     "AdaptiveRatio", "Admission", "AdmissionConfig", "AdmissionLedger", "AdmissionPolicy", "EngineShape",
-    "LengthModel", "PendingGroup", "Placement", "Policy", "Reserve", "SimEngine", "SimGroup", "SimResult",
+    "LedgerPolicy", "LengthModel", "PendingGroup", "Placement", "Policy", "Reserve", "SimEngine", "SimGroup", "SimResult",
     "SimTrajectory", "Simulator", "admit", "fits", "forecast", "simulate",
 ]

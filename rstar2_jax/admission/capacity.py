@@ -9,12 +9,12 @@ that fits (at least one sample). ``ratio`` rises per preemption and decays per a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Hashable, Sequence
+from typing import TYPE_CHECKING, Hashable
 
 import numpy as np
 
 from rstar2_jax.admission.forecast import fits, forecast
-from rstar2_jax.admission.policy import Placement
+from rstar2_jax.admission.policy import LedgerPolicy, Placement
 
 if TYPE_CHECKING:
     from rstar2_jax.admission.book import AdmissionLedger
@@ -27,15 +27,8 @@ def capacity(ledger: "AdmissionLedger", e: int) -> float:
     return ledger.shapes[e].usable_pages - ledger.ratio.value * float(np.max(b.curve + b.shared + sd))
 
 
-class CapacityPolicy:
-    forecasts = True
-    slot_bound = False
-
-    def __init__(self, ledger: "AdmissionLedger"):
-        self.ledger = ledger
-
-    def order(self, keys: Sequence[Hashable]) -> list[int]:
-        return list(range(len(keys)))
+class CapacityPolicy(LedgerPolicy):
+    """Submission order, the batch's length model, no migration (``LedgerPolicy``'s); ``place`` below."""
 
     def place(self, prompt_len: int, n: int, key: Hashable) -> Placement | None:
         led = self.ledger
@@ -50,12 +43,3 @@ class CapacityPolicy:
                 return None  # wait for memory
             k = max(k, 1)  # an empty engine takes the part of the group that fits
         return Placement(e, k)
-
-    def survival(self, key: Hashable) -> None:
-        return None  # every sample follows the batch's length model
-
-    def on_admission(self) -> None:
-        self.ledger.ratio.on_admission()
-
-    def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> None:
-        return None

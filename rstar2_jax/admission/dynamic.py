@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Hashable, Sequence
 import numpy as np
 
 from rstar2_jax.admission.forecast import forecast
-from rstar2_jax.admission.policy import Placement
+from rstar2_jax.admission.policy import LedgerPolicy, Placement
 
 if TYPE_CHECKING:
     from rstar2_jax.admission.book import AdmissionLedger
@@ -126,12 +126,8 @@ def room(ledger: "AdmissionLedger", e: int, tokens: int, n: int, surv: np.ndarra
     return held + kappa * growth <= usable
 
 
-class DynamicPolicy:
-    forecasts = True
-    slot_bound = True
-
-    def __init__(self, ledger: "AdmissionLedger"):
-        self.ledger = ledger
+class DynamicPolicy(LedgerPolicy):
+    slot_bound = True  # a member leaving its slot for a tool lets the next group in
 
     def order(self, keys: Sequence[Hashable]) -> list[int]:
         return long_first(self.ledger, keys)
@@ -155,9 +151,6 @@ class DynamicPolicy:
 
     def survival(self, key: Hashable) -> np.ndarray | None:
         return survival_of(self.ledger, key)
-
-    def on_admission(self) -> None:
-        self.ledger.ratio.on_admission()
 
     def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> int | None:
         """Only a straggler moves (its predicted finish where it is, ``step_s[e]`` x its predicted

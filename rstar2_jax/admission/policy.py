@@ -55,6 +55,30 @@ class AdmissionPolicy(Protocol):
         """The engine ``member`` (on ``e``, back from a tool, ``context`` tokens) should move to, or None."""
 
 
+class LedgerPolicy:
+    """What most policies share (each policy overrides what it does differently): the groups wait in
+    submission order, samples follow the batch's length model, each admission decays the adaptive
+    ratio, nothing migrates."""
+
+    forecasts = True
+    slot_bound = False
+
+    def __init__(self, ledger: "AdmissionLedger"):
+        self.ledger = ledger
+
+    def order(self, keys: Sequence[Hashable]) -> list[int]:
+        return list(range(len(keys)))
+
+    def survival(self, key: Hashable) -> np.ndarray | None:
+        return None
+
+    def on_admission(self) -> None:
+        self.ledger.ratio.on_admission()
+
+    def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> int | None:
+        return None
+
+
 class PendingGroup(Protocol):
     """A group waiting for admission, as the admit loop sees it (the dispatcher's or the simulator's)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Hashable, Sequence
 
-from rstar2_jax.admission.policy import Placement
+from rstar2_jax.admission.policy import LedgerPolicy, Placement
 
 if TYPE_CHECKING:
     from rstar2_jax.admission.book import AdmissionLedger
@@ -16,12 +16,11 @@ def static_split(n_engines: int, n_groups: int) -> list[int]:
     return [i * n_engines // n_groups for i in range(n_groups)]
 
 
-class StaticPolicy:
-    forecasts = False
-    slot_bound = False
+class StaticPolicy(LedgerPolicy):
+    forecasts = False  # never reads a forecast: the ledger need not keep them
 
     def __init__(self, ledger: "AdmissionLedger"):
-        self.ledger = ledger
+        super().__init__(ledger)
         self._engines: list[int] = []  # this batch's split, in submission order
         self._next = 0
 
@@ -34,11 +33,5 @@ class StaticPolicy:
         self._next += 1
         return Placement(e, n)
 
-    def survival(self, key: Hashable) -> None:
-        return None
-
     def on_admission(self) -> None:
         pass  # the reservation ratio is never read
-
-    def migration(self, e: int, member: Hashable, context: int, step_s: Sequence[float]) -> None:
-        return None
