@@ -15,12 +15,12 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 
 from rstar2_jax.config import MeshConfig
-from rstar2_jax.rl.config import ROC_MODES
+from rstar2_jax.rl.config import ROC_MODES, RocMode
 from rstar2_jax.sampling.placement import PlacementConfig
 
 STAGES = ("sft", "rl_stage1", "rl_stage2", "filter", "rl_stage3", "done")
@@ -60,7 +60,7 @@ class RecipeConfig:
     rl_lr: float = 1e-6
     warmup_steps: int = 20
     temperature: float = 1.0
-    roc_mode: str = "paper"
+    roc_mode: RocMode | str = RocMode.PAPER.value  # a JSON config gives the string
     stage1_budget: int = 8192
     stage2_budget: int = 12288
     stage1_max_steps: int = 300
@@ -84,10 +84,11 @@ class RecipeConfig:
     slots: int = 64
     kv_memory_gb: float = 40.0
     sandbox_workers: int = 64  # local: the pool's workers; ray: workers per node (capped at its CPUs)
-    sandbox_backend: str = "local"  # "local" (embedded SandboxPool) or "ray" (RaySandboxPool, docs/sandbox_cluster.md)
+    # "local" (embedded SandboxPool) or "ray" (RaySandboxPool, docs/sandbox_cluster.md)
+    sandbox_backend: Literal["local", "ray"] = "local"
     ray_address: str | None = None  # ray backend: ray.init(address=...) (None: a local Ray instance)
     ckpt_every: int = 10
-    template: str = "full"  # "full" rStar2 prompt, or "toy"
+    template: Literal["full", "toy"] = "full"  # "full" rStar2 prompt, or "toy"
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str) -> ValueError:

@@ -10,7 +10,8 @@ length model and the KV forecast), ``book`` (``AdmissionLedger``: per-engine liv
 from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
 from rstar2_jax.admission.config import AdmissionConfig, Policy, Reserve
 from rstar2_jax.admission.forecast import AdaptiveRatio, LengthModel, fits, forecast
-from rstar2_jax.admission.policy import AdmissionPolicy, LedgerPolicy, PendingGroup, Placement, admit
+from rstar2_jax.admission.policy import (AdmissionPolicy, LedgerPolicy, PendingGroup, Placement,
+                                         admit)
 from rstar2_jax.admission.sim_types import SimEngine, SimGroup, SimResult, SimTrajectory
 from rstar2_jax.admission.simulate import Simulator, simulate
 

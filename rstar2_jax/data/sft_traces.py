@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 from rstar2_jax.data.bugs import naive_code, realistic_bug
 from rstar2_jax.data.toy import ToyProblem
@@ -57,7 +57,8 @@ class TraceConfig:
     p_no_tool: float = 0.1  # answer without calling the tool (gold written in the trace)
     p_extra_answer: float = 0.1  # independent: an early wrong <answer> in the first turn's reasoning
     include_system: bool = True  # put template_cfg.system_prompt in the record as a system message
-    bug_style: str = "typo"  # error_retry's first call: "typo" (break_code) or "realistic" (data/bugs.py)
+    # error_retry's first call: "typo" (break_code) or "realistic" (data/bugs.py)
+    bug_style: Literal["typo", "realistic"] = "typo"
     p_naive: float = 0.0  # a would-be clean trace of a kind with a naive program tries that program first
 
     def __post_init__(self) -> None:

@@ -23,13 +23,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+from typing import Literal, get_args
 
 from rstar2_jax.rewards.boxes import join_boxes
 from rstar2_jax.rewards.extract_release import match_answer, release_text
 from rstar2_jax.rewards.normalize import matching_braces
 from rstar2_jax.tags import DEFAULT_TAGS, Tags
 
-STATUSES = ("ok", "no_box", "several", "fallback")  # "fallback": release mode, nothing matched
+ExtractStatus = Literal["ok", "no_box", "several", "fallback"]  # "fallback": release mode, nothing matched
+STATUSES: tuple[ExtractStatus, ...] = get_args(ExtractStatus)
 ANSWERED = ("ok", "several", "fallback")  # statuses that carry an answer to grade
 class ExtractionMode(enum.StrEnum):
     """What ``extract_answer`` grades (docs/design.md §4)."""
@@ -47,7 +49,7 @@ class Extraction:
     """The extracted answer (None unless ``status == "ok"``) and the boxes seen in the region."""
 
     answer: str | None
-    status: str
+    status: ExtractStatus
     boxes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -137,7 +139,8 @@ def answer_region(text: str, tags: Tags = DEFAULT_TAGS) -> str:
     return text[para_start + 1 if para_start >= 0 else 0:para_end if para_end >= 0 else len(text)]
 
 
-def extract_answer(text: str, mode: str = "strict", *, tags: Tags = DEFAULT_TAGS) -> Extraction:
+def extract_answer(text: str, mode: ExtractionMode | str = ExtractionMode.STRICT, *,
+                   tags: Tags = DEFAULT_TAGS) -> Extraction:
     """Extract the final answer of one trajectory's assistant text ("strict") or whole response
     text ("release"); module docstring."""
     if mode == "release":

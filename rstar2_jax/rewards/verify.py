@@ -29,12 +29,13 @@ import dataclasses
 import json
 import os
 import threading
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 from rstar2_jax.rewards import worker
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxLimits, SandboxPool
 
-STATUSES = ("ok", "timeout", "error")
+VerifyStatus = Literal["ok", "timeout", "error"]
+STATUSES: tuple[VerifyStatus, ...] = get_args(VerifyStatus)
 WORKER_MODULE = "rstar2_jax.rewards.worker"  # what the pool's workers must preload
 START_MARGIN_S = 1.0  # fork + setup of a sandbox call, on top of the check's own time limit
 MAX_DEFAULT_WORKERS = 8  # each worker holds sympy + the parser (~150 MB)
@@ -47,7 +48,7 @@ class VerifyResult:
     """Outcome of one verification. ``reason``: the verdict's reason, or what went wrong."""
 
     correct: bool
-    status: str
+    status: VerifyStatus
     reason: str
     duration_s: float
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from rstar2_jax.tags import DEFAULT_TAGS, Tags
 
@@ -128,7 +128,7 @@ class TemplateConfig:
     segment_prefix: str = f"{DEFAULT_TAGS.im_end}\n"
     # "default": our tool texts (fit into max_response_chars) and strict call decoding; "release":
     # code-judge's texts, verl's head/tail truncation, the release parser's errors (render_tool_result).
-    tool_protocol: str = "default"
+    tool_protocol: Literal["default", "release"] = "default"
     # True: an answer after a turn's tool call (or without one) ends the trajectory; False (release):
     # a complete tool call always runs, whatever follows it in the turn.
     end_on_answer: bool = True

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence, get_args
 
 from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, find_tool_call, parse_tool_call,
                                          render_tool_result, tool_response_segment)
@@ -26,7 +26,8 @@ class Status(enum.Enum):
     DONE = "done"
 
 
-DONE_REASONS = ("answer", "eos", "max_turns", "budget", "error")
+DoneReason = Literal["answer", "eos", "max_turns", "budget", "error"]
+DONE_REASONS: tuple[DoneReason, ...] = get_args(DoneReason)
 DECODE_ERROR = "decode_error"  # tool status of an undecodable call (an error for p_err)
 
 
@@ -57,7 +58,7 @@ class Trajectory:
     appended_texts: list[str] = dataclasses.field(default_factory=list)  # text of each appended segment
     tools: list[ToolRecord] = dataclasses.field(default_factory=list)
     status: Status = Status.GENERATING
-    done_reason: str | None = None
+    done_reason: DoneReason | None = None
     error: str | None = None
     pending_call: ToolCall | ToolCallError | None = None
     reward: float = 0.0

@@ -23,6 +23,7 @@ import dataclasses
 import json
 import math
 import time
+from typing import Literal
 
 import numpy as np
 
@@ -63,7 +64,7 @@ class Workload:
     sigma_s: float = 0.9  # tool sleep spread
     min_calls: int = 0  # tool calls every sample makes at least
     max_turns: int = 5  # turns per trajectory (tool calls <= max_turns - 1)
-    tools: str = "sleep"  # "sleep" (time.sleep) or "mix" (PROGRAMS)
+    tools: Literal["sleep", "mix"] = "sleep"  # time.sleep calls, or programs drawn from PROGRAMS
 
     def __post_init__(self) -> None:
         if self.tools not in ("sleep", "mix"):
