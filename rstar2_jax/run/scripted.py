@@ -13,17 +13,21 @@ from __future__ import annotations
 import json
 from typing import Any, Callable, Collection, Sequence
 
+from rstar2_jax.data.datasets import Problem as DatasetProblem
+from rstar2_jax.data.toy import ToyProblem
+from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 
 
-def _code(p: Any) -> str:
-    code = getattr(p, "code", None) or getattr(p, "meta", {}).get("code")
+def _code(p: Problem) -> str:
+    """The problem's program: a toy problem's ``code``, or a dataset record's ``code`` field."""
+    code = p.code if isinstance(p, ToyProblem) else p.meta.get("code") if isinstance(p, DatasetProblem) else None
     if not code:
-        raise ValueError(f"mixed_script: problem {getattr(p, 'id', p)!r} has no 'code' (toy problems carry one)")
+        raise ValueError(f"mixed_script: problem {p.id!r} has no 'code' (toy problems carry one)")
     return code
 
 
-def mixed_script(problems: Sequence[Any], tok: Any, tpl: TemplateConfig, *, solved: Collection[str] = ()
+def mixed_script(problems: Sequence[Problem], tok: Any, tpl: TemplateConfig, *, solved: Collection[str] = ()
                  ) -> Callable[[tuple[int, ...], int, int], list[int]]:
     """``script(prompt ids, child, turn) -> ids`` for ``problems`` (integer answers); the problems whose
     id is in ``solved`` are answered right by every sample (uniform groups: RoC drops them, the
