@@ -36,7 +36,10 @@ from rstar2_jax.loop import rl_step
 from rstar2_jax.rl.config import RLConfig
 from rstar2_jax.rl.reference import load_reference, save_reference
 from rstar2_jax.rl.train_step import TrainState, init_train_state, reset_optimizer
+from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.run.resume import Cursor, open_checkpoints, step_seed
+from rstar2_jax.sampling import Engine
+from rstar2_jax.sandbox import SandboxBackend
 from rstar2_jax.sft import SFTConfig, shard_owner, train_sft_shards
 from rstar2_jax.utils.compiles import CompileCounter
 from rstar2_jax.utils.metrics import Loggers
@@ -106,8 +109,8 @@ class Parts:
     learner: LearnerConfig
     pad_id: int
     # () -> (Rollout, the engines evaluation uses); built after SFT, once for every RL stage
-    make_rollout: Callable[[], tuple[Any, Sequence[Any]]]
-    pool: Any
+    make_rollout: Callable[[], tuple[Rollout, Sequence[Engine]]]
+    pool: SandboxBackend
     tokenizer: Any
     reward_fn: Any
     schedule: Schedule
