@@ -128,13 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
     from rstar2_jax.rl.checkpoint import abstract_train_state
     from rstar2_jax.rollout.dispatcher import RolloutConfig
-    from rstar2_jax.rollout.scripted import ScriptedPolicy
     from rstar2_jax.rollout.service import Rollout
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
-    from rstar2_jax.rollout.weight_sync import WeightSync
     from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, rl_rows, run
     from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature, kv_cache
     from rstar2_jax.sampling.placement import PlacementConfig, plan_placement
+    from rstar2_jax.sampling.scripted import ScriptedPolicy
+    from rstar2_jax.sampling.weight_sync import WeightSync
     from rstar2_jax.sandbox import CodeRequest, SandboxLimits
     from rstar2_jax.sandbox.backend import open_pool
     from rstar2_jax.sft import SFTConfig

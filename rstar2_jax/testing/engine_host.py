@@ -18,7 +18,7 @@ class ScriptedTurnsEngine(ScriptedPolicy):
     ``scripts[prompt ids][child][turn] = (ids, tool seconds, program)``. Each turn decodes exactly
     ``len(ids)`` real tokens (fewer if the budget cuts it) with no stop tokens; the stop event then
     carries the scripted ids (same count: KV accounting stays exact) and reason ``stop_token``, or
-    filler with the engine's reason if the turn was cut (``rollout.scripted.ScriptedPolicy``).
+    filler with the engine's reason if the turn was cut (``sampling.scripted.ScriptedPolicy``).
     A migrated trajectory (its whole context resubmitted) is located in the script by walking its
     scripted turns, each followed by a tool response ending in ``RESPONSE_END``.
     """
