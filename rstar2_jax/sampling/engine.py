@@ -64,11 +64,11 @@ from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import kv_cache, kv_transfer
 from rstar2_jax.sampling.engine_config import (EngineConfig, check_fits, check_ids, check_request,  # noqa: F401
                                               child_key_data, key_data)  # EngineConfig, keys: re-exported
-from rstar2_jax.sampling.interface import STOP_REASONS, EngineStats, Request, StopEvent  # noqa: F401
+from rstar2_jax.sampling.interface import EngineStats, Request, StopEvent
 from rstar2_jax.sampling.page_table import PageTable
 from rstar2_jax.sampling.placement import EngineLayout
 from rstar2_jax.sampling.scheduler import Scheduler
-from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState
+from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState, stop_reason
 from rstar2_jax.sampling.step import StepSpec, build_step_batch, paged_step
 
 
@@ -253,17 +253,13 @@ class PagedEngine:
             n += 1
         k = 1  # fork copy-on-write sizes (padded to powers of two; a fork copies <= one page per child)
         while k <= max(1, self.cfg.num_slots):
-            zeros = np.zeros(k, np.int32)
-            self.cache = kv_cache.copy_pages(self.cache, zeros, zeros)  # the null page onto itself
+            self.cache = kv_cache.copy_page_pairs(self.cache, [(0, 0)] * k)  # the null page onto itself
             n, k = n + 1, 2 * k
         return n
 
     def has_work(self) -> bool:
         """True while some sequence is waiting or in a slot (paused ones do not count)."""
         return bool(self.scheduler.waiting) or self.scheduler.num_active() > 0
-
-    def num_active(self) -> int:
-        return self.scheduler.num_active()
 
     def free_pages(self) -> int:
         return self.page_table.free_pages()
@@ -362,40 +358,20 @@ class PagedEngine:
 
     def _copy_pages(self, copies: list[tuple[int, int]]) -> None:
         """Apply a fork's copy-on-write ``(src, dst)`` page copies on the device."""
-        if not copies:
-            return
-        n = 1 << (len(copies) - 1).bit_length()  # pad to a power of two (null -> null): few compilations
-        src, dst = np.zeros(n, np.int32), np.zeros(n, np.int32)
-        src[:len(copies)], dst[:len(copies)] = zip(*copies)
-        self.cache = kv_cache.copy_pages(self.cache, src, dst)
-        self._stats["page_copies"] += len(copies)
+        if copies:
+            self.cache = kv_cache.copy_page_pairs(self.cache, copies)
+            self._stats["page_copies"] += len(copies)
 
     # -- stops -----------------------------------------------------------------------------------
     def _on_sample(self, seq: Seq, token: int, logprob: float) -> list[StopEvent]:
         seq.tokens.append(token)
         seq.seg_logprobs.append(logprob)
         self._stats["tokens_generated"] += 1
-        n_new = len(seq.tokens) - seq.seg_start
-        reason, stop = None, None
-        if token in seq.stop_ids:  # a stop token (eos, <|im_end|>, </tool_call>): kept in the output
-            reason, stop = "stop_token", token
-        elif seq.stop_strings and (stop := self._match_stop_string(seq)) is not None:
-            reason = "stop_string"  # text of the new tokens contains a stop string
-        elif n_new >= seq.max_new:  # the segment's budget is spent
-            reason = "max_new_tokens"
-        elif len(seq.tokens) >= self.cfg.max_seq_len:  # no position left for another token
-            reason = "max_seq_len"
+        reason, stop = stop_reason(seq, token, self.cfg.max_seq_len, self.decode_fn)
         if reason is None:
             return []
         self.scheduler.pause(seq)
         return [StopEvent(seq.id, seq.tokens[seq.seg_start:], list(seq.seg_logprobs), reason, stop)]
-
-    def _match_stop_string(self, seq: Seq) -> str | None:
-        # Decode only a tail window: a match must end in the newest token (else we stopped before).
-        longest = max(len(s) for s in seq.stop_strings)
-        tail = seq.tokens[max(seq.seg_start, len(seq.tokens) - 2 * longest - 8):]
-        text = self.decode_fn(tail)
-        return next((s for s in seq.stop_strings if s in text), None)
 
     # -- helpers ---------------------------------------------------------------------------------
     def _get(self, seq_id: int) -> Seq:

@@ -31,7 +31,7 @@ attention upcasts them to fp32 (the GPU kernel computes in the pages' dtype, acc
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -313,3 +313,12 @@ def copy_pages(cache: list[KVLayer], src: Int[Array, "C"], dst: Int[Array, "C"])
     DONATES ``cache``. Pad with ``(0, 0)`` pairs (null page onto itself) to keep shapes fixed.
     """
     return [(k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in cache]
+
+
+def copy_page_pairs(cache: list[KVLayer], pairs: Sequence[tuple[int, int]]) -> list[KVLayer]:
+    """``copy_pages`` of ``(src, dst)`` pairs, padded to a power of two with null pairs (few
+    compilations). DONATES ``cache``."""
+    n = 1 << (len(pairs) - 1).bit_length()
+    src, dst = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    src[:len(pairs)], dst[:len(pairs)] = zip(*pairs)
+    return copy_pages(cache, src, dst)

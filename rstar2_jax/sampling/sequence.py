@@ -18,7 +18,7 @@ sequence that is not in a slot (``WAITING``/``PAUSED``) frees its pages without 
 from __future__ import annotations
 
 import enum
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -114,3 +114,24 @@ class GroupTemplate(Seq):
         self.children = children
         for c in children:
             c.template = self
+
+
+def stop_reason(seq: Seq, token: int, max_seq_len: int,
+                decode_fn: Callable[[list[int]], str] | None) -> tuple[str | None, int | str | None]:
+    """Why ``seq`` stops after sampling ``token`` (already appended), and the stop token or string;
+    ``(None, None)``: it goes on. Checked in this order: a stop token, a stop string, the segment's
+    ``max_new_tokens``, the engine's ``max_seq_len``."""
+    if token in seq.stop_ids:  # a stop token (eos, <|im_end|>, </tool_call>): kept in the output
+        return "stop_token", token
+    if seq.stop_strings:  # text of the new tokens contains a stop string
+        # decode only a tail window: a match must end in the newest token (else we stopped before)
+        longest = max(len(s) for s in seq.stop_strings)
+        text = decode_fn(seq.tokens[max(seq.seg_start, len(seq.tokens) - 2 * longest - 8):])
+        stop = next((s for s in seq.stop_strings if s in text), None)
+        if stop is not None:
+            return "stop_string", stop
+    if len(seq.tokens) - seq.seg_start >= seq.max_new:  # the segment's budget is spent
+        return "max_new_tokens", None
+    if len(seq.tokens) >= max_seq_len:  # no position left for another token
+        return "max_seq_len", None
+    return None, None
