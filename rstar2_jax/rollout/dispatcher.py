@@ -53,9 +53,10 @@ ADMIT_EVERY = 16  # engine steps between retries of a waiting group (a page of t
 
 def _shape(engine: Engine) -> EngineShape:
     """The ledger's view of an engine (slots and prefill chunk from its config when it declares one)."""
-    if not isinstance(engine, Configured):
+    cfg = engine.cfg if isinstance(engine, Configured) else None  # a process-hosted engine may relay None
+    if cfg is None:
         return EngineShape(engine.page_size, engine.usable_pages)
-    return EngineShape(engine.page_size, engine.usable_pages, engine.cfg.num_slots, engine.cfg.prefill_chunk)
+    return EngineShape(engine.page_size, engine.usable_pages, cfg.num_slots, cfg.prefill_chunk)
 
 
 class Dispatcher:
