@@ -20,8 +20,11 @@ the update, and the engine's), and the memory plan's prediction (``rstar2_jax.pl
 shapes, the measured baseline RSS as its runtime allowance) against the measured peak. Asserts a
 finite loss, n_kept > 0 and 0 compilations on the second RL step.
 
-    python experiments/bench_real_shapes.py --data ../shared/data/aime24.jsonl              # ~15 min, ~10 GB
-    python experiments/bench_real_shapes.py --data ... --layers 2 --budget 64               # the slow test's slice
+    python experiments/bench_real_shapes.py --data ../shared/data/aime24.jsonl   # 28 layers: > 14 GB RSS here
+    python experiments/bench_real_shapes.py --data ... --layers 2                # the slow test's slice: 6.3 GB, 8 min
+
+Measured (docs/design.md §6.2): the 28-layer run passed 13 GB RSS in its first RL step on this
+machine and was stopped; the plan under-predicts CPU runs by ~2-3 GB (not yet attributed).
 """
 
 from __future__ import annotations
@@ -194,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def make_rollout():
             phase_peaks["sft"] = _status_gb("VmHWM")  # SFT's peak (the driver builds the rollout right after)
+            print(f"SFT phase: peak RSS {phase_peaks['sft']:.2f} GB", flush=True)
             resets.append(_reset_peak())
             placement = plan_placement(placement_cfg, mcfg, jax.devices()[:1])
             placed = WeightSync(placement.layouts).place(params)
