@@ -120,7 +120,7 @@ dry_run_script = mixed_script  # the dry-run's scripted policy (rstar2_jax/run/s
 def rl_config(cfg: RecipeConfig) -> RLConfig:
     return RLConfig(roc=RocConfig(keep_per_group=cfg.group, mode=cfg.roc_mode),
                     optim=OptimConfig(lr=cfg.rl_lr, warmup_steps=cfg.warmup_steps),
-                    temperature=cfg.temperature)
+                    temperature=cfg.temperature, micro_batch_size=cfg.micro_batch)
 
 
 def load_config(args) -> RecipeConfig:
@@ -224,6 +224,7 @@ def main(argv: list[str] | None = None) -> dict:
                 sampler=Temperature(temperature=cfg.temperature))), engines
 
         scfg = SFTConfig(seq_len=cfg.sft_seq_len, batch_size=cfg.sft_batch, epochs=cfg.sft_epochs,
+                         micro_batch_size=cfg.sft_micro_batch,
                          optim=OptimConfig(lr=cfg.sft_lr, warmup_steps=min(cfg.warmup_steps, 20)))
         parts = Parts(
             graphdef=graphdef, params=params, mesh=mesh, rl=rl_cfg, pad_id=tok.pad_id,

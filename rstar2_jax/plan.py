@@ -265,15 +265,16 @@ def model_for_recipe(cfg: Any, model: str | None = None) -> ModelConfig:
 def from_recipe(cfg: Any, model_cfg: ModelConfig, *, devices: int, devices_per_process: int,
                 prompt_tokens: int = 1024, runtime_gb: float = 0.0) -> PlanInput:
     """The plan's input for a ``recipe.RecipeConfig``: the trainer's rows and lengths as
-    ``experiments/rstar2_recipe.py`` builds them (RL rows = problems_per_step x G, the whole batch
-    per micro-batch; T = prompt + max(stage-2, eval) budget with the prompt at most ``prompt_tokens``;
+    ``experiments/rstar2_recipe.py`` builds them (RL rows = problems_per_step x G, ``micro_batch``
+    of them per micro-batch (None: all); T = prompt + max(stage-2, eval) budget with the prompt at most ``prompt_tokens``;
     SFT rows sft_batch x sft_seq_len), the engines per ``cfg.placement()``."""
     seq = prompt_tokens + max(cfg.stage2_budget, cfg.eval_budget or 0)
     seq = -(-seq // 256) * 256  # LearnerConfig.seq_bucket
     tp = cfg.devices_per_engine
     return PlanInput(model=model_cfg, devices=devices, devices_per_process=devices_per_process,
-                     mesh=cfg.mesh.shape(devices), rl_rows=cfg.problems_per_step * cfg.group, rl_micro_rows=None,
-                     rl_seq_len=seq, sft_rows=cfg.sft_batch, sft_micro_rows=None, sft_seq_len=cfg.sft_seq_len,
+                     mesh=cfg.mesh.shape(devices), rl_rows=cfg.problems_per_step * cfg.group,
+                     rl_micro_rows=cfg.micro_batch, rl_seq_len=seq, sft_rows=cfg.sft_batch,
+                     sft_micro_rows=cfg.sft_micro_batch, sft_seq_len=cfg.sft_seq_len,
                      engines_per_process=cfg.engines if cfg.engines is not None else devices_per_process // tp,
                      devices_per_engine=tp, engine_weight_dtype=cfg.engine_weight_dtype or model_cfg.param_dtype,
                      kv_bytes_per_engine=int(cfg.kv_memory_gb * GB), runtime_bytes=int(runtime_gb * GB))
@@ -328,8 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--devices-per-process", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=1024, help="longest rendered prompt assumed")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON", help="override a config field")
-    ap.add_argument("--micro-batch", type=int, default=None, help="RL rows per micro-batch (global; RLConfig."
-                    "micro_batch_size, which the recipe config does not set yet: default the whole batch)")
+    ap.add_argument("--micro-batch", type=int, default=None, help="RL rows per micro-batch (global; default: the "
+                    "config's micro_batch)")
     ap.add_argument("--sft-micro-batch", type=int, default=None, help="SFT rows per micro-batch (global)")
     args = ap.parse_args(argv)
     raw = json.loads(Path(args.config).read_text())
@@ -354,7 +355,8 @@ def main(argv: list[str] | None = None) -> int:
         model = dataclasses.replace(preset(args.model or model_path or ""), dtype=cfg.dtype)
     inp = from_recipe(cfg, model, devices=devices, devices_per_process=min(args.devices_per_process, devices),
                       prompt_tokens=args.prompt_tokens)
-    inp = dataclasses.replace(inp, rl_micro_rows=args.micro_batch, sft_micro_rows=args.sft_micro_batch)
+    inp = dataclasses.replace(inp, rl_micro_rows=args.micro_batch or inp.rl_micro_rows,
+                              sft_micro_rows=args.sft_micro_batch or inp.sft_micro_rows)
     plan = make_plan(inp, args.device_memory)
     print(plan.table())
     return 0 if plan.fits is not False else 1

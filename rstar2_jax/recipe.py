@@ -53,6 +53,8 @@ class RecipeConfig:
     sft_lr: float = 5e-6
     sft_shards: int | None = 8  # the SFT file is read and packed in this many shards (a multiple of the
     #                             process count; each process packs its own). None: one per process.
+    sft_micro_batch: int | None = None  # SFT rows per micro-batch (global; gradient accumulation); None: sft_batch
+    micro_batch: int | None = None  # RL rows per micro-batch (global, of problems_per_step x group); None: all
     # RL (paper s.4.2): 2G = 32 sampled, G = 16 kept, 128 problems per step, lr 1e-6, temperature 1
     samples_per_problem: int = 32
     group: int = 16
@@ -99,7 +101,8 @@ class RecipeConfig:
                      "sft_batch", "sft_seq_len", "eval_k"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise bad(name, "a positive int")
-        for name in ("engines", "filter_pool", "eval_every", "eval_budget", "sft_shards"):
+        for name in ("engines", "filter_pool", "eval_every", "eval_budget", "sft_shards", "micro_batch",
+                     "sft_micro_batch"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise bad(name, "a positive int or null")
@@ -123,6 +126,12 @@ class RecipeConfig:
         if self.sft_shards is not None and self.sft_batch % self.sft_shards:
             raise ValueError(f"RecipeConfig.sft_batch ({self.sft_batch}) must be a multiple of sft_shards "
                              f"({self.sft_shards}): each shard fills sft_batch / sft_shards rows of a batch")
+        if self.micro_batch is not None and (self.problems_per_step * self.group) % self.micro_batch:
+            raise ValueError(f"RecipeConfig.micro_batch ({self.micro_batch}) must divide the RL batch, problems_per_step "
+                             f"x group = {self.problems_per_step * self.group} rows")
+        if self.sft_micro_batch is not None and self.sft_batch % self.sft_micro_batch:
+            raise ValueError(f"RecipeConfig.sft_micro_batch ({self.sft_micro_batch}) must divide sft_batch "
+                             f"({self.sft_batch})")
         if self.dtype not in _DTYPES:
             raise bad("dtype", f"one of {_DTYPES}")
         if self.engine_weight_dtype not in (None, *_DTYPES):

@@ -112,7 +112,7 @@ def _recipe_config(tmp_path, model: ModelConfig, **changes) -> Path:
 
 
 def test_the_recipe_refuses_a_config_that_does_not_fit(tmp_path, monkeypatch):
-    # Qwen3-0.6B's shape on the 8 test devices of 16 GB: the shipped 2048-row RL micro-batch cannot fit
+    # Qwen3-0.6B's shape on the 8 test devices of 16 GB: the shipped config (a 40 GB K/V pool per engine) cannot fit
     path = _recipe_config(tmp_path, PRESETS["Qwen3-0.6B"])
     monkeypatch.setenv(DEVICE_MEMORY_ENV, "16")
     with pytest.raises(ValueError) as e:
@@ -125,7 +125,7 @@ def test_the_recipe_refuses_a_config_that_does_not_fit(tmp_path, monkeypatch):
     # small enough batches and pool: accepted
     assert RecipeConfig.from_json(path, problems_per_step=8, group=1, samples_per_problem=1, stage2_budget=1024,
                                   stage1_budget=1024, eval_budget=1024, sft_batch=8, sft_seq_len=1024,
-                                  kv_memory_gb=1.0)
+                                  kv_memory_gb=1.0, micro_batch=None)
     monkeypatch.delenv(DEVICE_MEMORY_ENV)  # CPU reports no memory limit: no check
     assert RecipeConfig.from_json(path)
 

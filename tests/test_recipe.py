@@ -59,6 +59,7 @@ def test_config_file_errors_name_the_field(tmp_path):
         RecipeConfig(group=64)
     full = RecipeConfig.from_json(_full_config(tmp_path))
     assert (full.samples_per_problem, full.group, full.problems_per_step, full.rl_lr) == (32, 16, 128, 1e-6)
+    assert (full.micro_batch, full.sft_micro_batch) == (64, None)  # 32 micro-batches of the 2048 RL rows
     assert full.mesh.shape(64) == (1, 8, 8)
     # the shipped file names paths of the cluster: here they are missing, and the error says which
     with pytest.raises(ValueError, match=r"rstar2_14b.json: RecipeConfig.model_path: directory not found"):
@@ -81,6 +82,8 @@ def test_config_file_errors_name_the_field(tmp_path):
     ({"group": True}, r"RecipeConfig.group must be a positive int, got True"),
     ({"sft_shards": 3}, r"RecipeConfig.sft_batch \(64\) must be a multiple of sft_shards \(3\)"),
     ({"eval_every": 0}, r"RecipeConfig.eval_every must be a positive int or null"),
+    ({"micro_batch": 48}, r"RecipeConfig.micro_batch \(48\) must divide the RL batch, problems_per_step x group = 2048"),
+    ({"sft_micro_batch": 0}, r"RecipeConfig.sft_micro_batch must be a positive int or null"),
 ])
 def test_every_malformed_config_names_its_field_and_file(tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
