@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -51,12 +53,16 @@ RESULTS = "results/objective_ablation.json"  # the committed raw results (relati
 EXPERIMENTS = None  # the directory holding toy_tool_math.py; None = the repository's experiments/
 EXTRA_ARGS: list = []  # e.g. ["--hidden", "32"] for a quick smoke run
 REUSE_RUNS = True  # a finished run directory with the same settings is read back instead of trained again
+PARALLEL = 2  # runs at once, each its own process (a toy run is mostly one busy Python thread; 2 cores here)
 N_BOOT = 10_000
 
 # %%
 import json
+import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -73,27 +79,68 @@ for name, flags in OBJECTIVES.items():  # fail here, with the reason, if the dem
         raise RuntimeError(f"experiments/toy_tool_math.py does not accept {flags} (objective {name!r})") from None
 
 out = Path(OUT)
-t0 = time.perf_counter()
-runs, reused = {}, 0
-grid = [(o, m, s) for s in SEEDS for o in OBJECTIVES for m in MODES]
-for obj, mode, seed in tqdm(grid, desc="runs"):
-    run_dir = out / f"{obj}_{mode}_seed{seed}"
-    argv = ["--regime", REGIME, "--seed", str(seed), "--roc-mode", mode, "--rl-steps", str(RL_STEPS),
+
+
+def run_argv(obj: str, mode: str, seed: int) -> list[str]:
+    return ["--regime", REGIME, "--seed", str(seed), "--roc-mode", mode, "--rl-steps", str(RL_STEPS),
             "--eval-every", str(RL_STEPS), "--problems-per-step", str(PROBLEMS_PER_STEP), "--group", str(GROUP),
             "--n-eval", str(N_EVAL), "--sft-traces", str(SFT_TRACES), "--sft-epochs", str(SFT_EPOCHS),
-            "--budget", str(BUDGET), "--hidden", str(HIDDEN), "--out", str(run_dir), "--sft-cache", str(SFT_CACHE),
-            "--no-progress", *OBJECTIVES[obj], *EXTRA_ARGS]
-    done = (run_dir / "summary.json").exists() and (run_dir / "args.json").exists() and json.loads(
-        (run_dir / "args.json").read_text()) == {**vars(toy_tool_math.parse_args(argv)), "resume": False}
-    if REUSE_RUNS and done:
-        summary, reused = json.loads((run_dir / "summary.json").read_text()), reused + 1
-    else:
-        summary = toy_tool_math.main(argv)
+            "--budget", str(BUDGET), "--hidden", str(HIDDEN), "--out", str(out / f"{obj}_{mode}_seed{seed}"),
+            "--sft-cache", str(SFT_CACHE), "--no-progress", *OBJECTIVES[obj], *EXTRA_ARGS]
+
+
+def finished(argv: list[str]) -> bool:
+    """A run directory holding a summary of exactly these settings."""
+    d = Path(argv[argv.index("--out") + 1])
+    return (d / "summary.json").exists() and (d / "args.json").exists() and json.loads(
+        (d / "args.json").read_text()) == {**vars(toy_tool_math.parse_args(argv)), "resume": False}
+
+
+def train(argv: list[str], first_of_seed: threading.Event | None) -> None:
+    """One run in its own process (log in <out>/stdout.log); waits until its seed's SFT policy is cached."""
+    if first_of_seed is not None:
+        first_of_seed.wait()
+    d = Path(argv[argv.index("--out") + 1])
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / "stdout.log", "w") as log:
+        proc = subprocess.run([sys.executable, toy_tool_math.__file__, *argv], stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run {d} failed (exit {proc.returncode}); its log: {d / 'stdout.log'}")
+
+
+# The first run of each seed trains (or reads) that seed's SFT policy; the seed's other runs start after it,
+# so they read it from the cache. Runs go PARALLEL at a time.
+t0 = time.perf_counter()
+grid = [(o, m, s) for s in SEEDS for o in OBJECTIVES for m in MODES]
+todo = [g for g in grid if not (REUSE_RUNS and finished(run_argv(*g)))]
+reused = len(grid) - len(todo)
+firsts = {s: next(g for g in todo if g[2] == s) for s in {g[2] for g in todo}}
+cached = {s: threading.Event() for s in firsts}
+order = [firsts[s] for s in sorted(firsts)] + [g for g in todo if g not in firsts.values()]
+
+
+def job(g):
+    is_first = firsts[g[2]] == g
+    try:
+        train(run_argv(*g), None if is_first else cached[g[2]])
+    finally:
+        if is_first:
+            cached[g[2]].set()
+
+
+with ThreadPoolExecutor(max_workers=PARALLEL) as ex:
+    for f in tqdm(as_completed([ex.submit(job, g) for g in order]), total=len(order), desc="runs"):
+        f.result()
+runs = {}
+for obj, mode, seed in grid:
+    run_dir = out / f"{obj}_{mode}_seed{seed}"
+    summary = json.loads((run_dir / "summary.json").read_text())
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     runs[(obj, mode, seed)] = {"summary": summary, "rows": [r for r in rows if r.get("step", 0) > 0
                                                               and r.get("stage") != "sft"]}
 wall_min = (time.perf_counter() - t0) / 60
-minutes = wall_min if not reused else sum(r["summary"]["total_s"] for r in runs.values()) / 60
+# wall-clock of this execution, plus (an estimate) the runs read back: their own times over PARALLEL
+minutes = wall_min + sum(runs[g]["summary"]["total_s"] for g in grid if g not in todo) / 60 / PARALLEL
 
 
 def _num(x):
