@@ -232,7 +232,21 @@ for obj in OBJECTIVES:
 # %% [markdown]
 # ## Conclusion
 #
-# Not run yet at full size: the numbers above come from the executed notebook only. The grid is 3 seeds x 2
-# objectives x 2 modes = 12 runs of 24 RL steps (8 problems x 2G = 8 samples, G = 4), about 45 minutes on 2
-# cores by the RoC ablation's per-run time (62.9 min for 15 runs, SFT included; here the SFT policies are read
-# from its cache when present).
+# Measured at c8b9986 on the 2-core machine (this execution: 12 runs, 2 at a time, 60.4 min; other jobs'
+# niced tests beside it, load average 8-19). The cache held seed 0's SFT policy only, so seeds 1 and 2
+# trained theirs first (771 s and 786 s, side by side, ~13 min of the wall clock); the per-run times
+# without SFT add up to 5,496 s, ~46 min at 2 runs at a time, which is what the grid costs with every
+# SFT policy cached. Held-out accuracy after SFT is 0.67 / 0.77 / 0.61 for seeds 0 / 1 / 2.
+#
+# - **RoC lowers the positives' tool-error rate under both objectives**, as it does under the paper's
+#   loss (the RoC ablation: 0.71x, [0.57, 0.95]): GSPO 0.677x [0.525, 0.880], Dr.GRPO 0.721x [0.689,
+#   0.789] over the second half of training; both intervals exclude 1. Per seed (none -> paper): GSPO
+#   0.063 -> 0.055, 0.081 -> 0.059, 0.112 -> 0.059; Dr.GRPO 0.055 -> 0.044, 0.110 -> 0.079, 0.121 -> 0.083.
+# - **Responses get shorter with RoC**: -9.2 [-14.1, -5.0] tokens (GSPO), -6.6 [-12.2, -2.9] (Dr.GRPO),
+#   both excluding 0.
+# - **Held-out accuracy does not separate**: Dr.GRPO +0.7 points [-4.0, +6.0], not significant. GSPO's
+#   +1.0 [+1.0, +1.0] is "significant" only formally: every seed moved by exactly one of the 100
+#   held-out problems (0.92 -> 0.93, 0.85 -> 0.86, 0.81 -> 0.82), so the bootstrap has no spread to draw
+#   from; it is no evidence of an accuracy effect.
+# - With 3 seeds a seed bootstrap has 10 distinct resamples: the intervals are coarse. The tool-error
+#   effect is consistent in direction in all 6 objective x seed pairs.
