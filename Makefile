@@ -9,6 +9,8 @@ LOCK := requirements/lock.txt
 LOCK_VENV ?= /tmp/rstar2_jax-lock-venv
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers (one per core here); a test file is one unit, the Ray files share one (tests/conftest.py)
+TEST_WORKERS ?= 2
 BENCH ?= $(sort $(wildcard experiments/bench_*.py))
 
 .PHONY: test demo demo-seeds bench notebook lock clean
@@ -29,7 +31,7 @@ $(DEV): setup.cfg pyproject.toml $(LOCK) | $(PY)
 	touch $(BASE) $(DEV)
 
 test: $(DEV)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: $(BASE)
 	$(PY) experiments/toy_tool_math.py $(DEMO_ARGS)

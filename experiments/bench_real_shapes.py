@@ -60,6 +60,23 @@ def _reset_peak() -> bool:
         return False
 
 
+def rss_trace(on: bool):
+    """An :class:`RssTrace` over the driver's stages (``--trace``), or one that wraps nothing."""
+    from rstar2_jax.learner import Learner
+    from rstar2_jax.rl.checkpoint import Checkpointer
+    from rstar2_jax.rollout.service import Rollout
+    from rstar2_jax.run import driver
+    from rstar2_jax.utils.rss import RssTrace
+
+    trace = RssTrace()
+    if on:
+        for owner, name in [(driver, "train_sft_shards"), (driver, "init_train_state"), (driver._Run, "start_rl"),
+                            (Learner, "__init__"), (Learner, "update"), (Checkpointer, "save"),
+                            (Checkpointer, "wait"), (Rollout, "generate"), (Rollout, "sync")]:
+            trace.wrap(owner, name)
+    return trace
+
+
 def sft_record(problem, answer_code: str, stdout: str) -> dict:
     """One chat record in the release layout: a tool call, its output, the boxed answer."""
     from rstar2_jax.rollout.template import TOOL_NAME
@@ -109,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokenizer-dir", default=None, help="default: the qwen_tokenizer cache")
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--attention", default="blockwise", help="ModelConfig.attention_impl (pallas_gpu: the GPU kernel)")
+    ap.add_argument("--trace", action="store_true", help="print RSS before / peak during / after each stage "
+                    "of the run (rstar2_jax.utils.rss: SFT, the RL state, the engines, the checkpoints, rollouts, updates)")
     ap.add_argument("--platform", default="cpu", help="JAX_PLATFORMS for this run ('' = JAX's choice; gpu_check: gpu)")
     args = ap.parse_args(argv)
     os.environ["JAX_PLATFORMS"] = args.platform  # before JAX is imported
@@ -219,8 +238,13 @@ def main(argv: list[str] | None = None) -> int:
                                       optim=OptimConfig(lr=1e-5, warmup_steps=0)),
                         shards=1, load_shard=lambda s: examples, ckpt_every=10**9))
         rc = RunConfig(out=out, seed=0, ckpt_every=10**9, eval_every=None, show_progress=False)
+        trace = rss_trace(args.trace)
         t0 = time.perf_counter()
-        res = run(parts, rc, abstract_train_state(params, rl_cfg, mesh))
+        with trace:
+            res = run(parts, rc, abstract_train_state(params, rl_cfg, mesh))
+        if args.trace:
+            print(trace.table(), flush=True)
+            results["rss_trace"] = [dataclasses.asdict(c) for c in trace.calls]
         results["run_s"] = time.perf_counter() - t0
         phase_peaks["rl"] = _status_gb("VmHWM")
         dev_stats = jax.devices()[0].memory_stats() or {}

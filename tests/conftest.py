@@ -8,6 +8,18 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
+RAY_FILES = ("test_sandbox_ray.py", "test_sandbox_ray_cluster.py")  # one local Ray cluster at a time
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Under ``pytest -n N --dist loadgroup`` (``make test``): a test file is one unit (its module-scoped
+    compiled fixtures are built once, on one worker), and the Ray files share one worker."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            file = item.nodeid.split("::")[0]
+            item.add_marker(pytest.mark.xdist_group("ray" if file.endswith(RAY_FILES) else file))
+
 
 @pytest.fixture(scope="module")
 def pool():
