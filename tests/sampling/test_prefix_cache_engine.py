@@ -1,6 +1,6 @@
 """The engine with the prefix cache on gives the cache-off engine's tokens and log-probs (two
-problems sharing a system prompt, groups, pause/resume, a weight sync) while prefilling less,
-leaks no page and compiles nothing new."""
+problems sharing a system prompt, groups, preemption, pause/resume, swap, a weight sync) while
+prefilling less, leaks no page and compiles nothing new."""
 
 import dataclasses
 
@@ -104,3 +104,14 @@ def test_the_cache_adds_no_compile(policy):
     counter = CompileCounter()
     _problems(eng, 2, Temperature())
     assert eng.stats().prefix_cache_hits > 0 and counter.take() == 0
+
+
+@pytest.mark.parametrize("swap_tokens", [0, 4096], ids=["recompute", "swap"])
+def test_preemption_pressure_gives_the_same_tokens(policy, swap_tokens):
+    off, on = _pair(policy, num_pages=14, max_seq_len=64, swap_tokens=swap_tokens)
+    want = _problems(off, 2, Temperature())
+    got = _problems(on, 2, Temperature())
+    _assert_same(got, want)
+    assert off.stats().preemptions > 0 and on.stats().prefix_cache_hits > 0
+    assert on.stats().kv_pages_in_use == 0
+    on.page_table.check_invariants()
