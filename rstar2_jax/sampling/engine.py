@@ -48,6 +48,7 @@ time as it decodes; when the pool runs out the page holder with the fewest cache
 preempted (``scheduler``; with ``swap_tokens`` its K/V waits on the host). A sequence that can
 never fit (``max_seq_len`` or the whole pool) is rejected at submit/resume. ``export_seq`` /
 ``import_seq`` move a paused sequence with its K/V to another engine (``kv_transfer``).
+``prefix_cache``: full pages reused across sequences by content (``prefix_cache``; ``set_params`` clears).
 """
 
 from __future__ import annotations
@@ -62,11 +63,12 @@ from flax import nnx
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import kv_cache, kv_transfer
-from rstar2_jax.sampling.engine_config import (EngineConfig, check_fits, check_ids, check_request,  # noqa: F401
+from rstar2_jax.sampling.engine_config import (EngineConfig, check_request, check_resume,  # noqa: F401
                                               child_key_data, key_data)  # EngineConfig, keys: re-exported
 from rstar2_jax.sampling.interface import EngineStats, Request, StopEvent
 from rstar2_jax.sampling.page_table import PageTable
 from rstar2_jax.sampling.placement import EngineLayout
+from rstar2_jax.sampling.prefix_cache import PrefixCache
 from rstar2_jax.sampling.scheduler import Scheduler
 from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState, stop_reason
 from rstar2_jax.sampling.step import StepSpec, build_step_batch, paged_step
@@ -104,7 +106,8 @@ class PagedEngine:
         elif device is not None:
             self.cache = jax.device_put(self.cache, device)
         self.swap = kv_transfer.SwapSpace(cfg.swap_tokens)
-        self.scheduler = Scheduler(self.page_table, cfg.num_slots, cfg.readmit_headroom,
+        self.prefix_cache = PrefixCache(self.page_table) if cfg.prefix_cache else None
+        self.scheduler = Scheduler(self.page_table, cfg.num_slots, cfg.readmit_headroom, cache=self.prefix_cache,
                                    evict=self._evict if cfg.swap_tokens else None, restore=self._restore)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
         self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
@@ -154,14 +157,8 @@ class PagedEngine:
         seq = self._get(seq_id)
         if seq.state is not SeqState.PAUSED:
             raise ValueError(f"resume: sequence {seq_id} is {seq.state.value}, not paused")
-        if max_new_tokens <= 0:
-            raise ValueError(f"resume: max_new_tokens must be positive, got {max_new_tokens}")
-        total = len(seq.tokens) + len(appended_tokens) + max_new_tokens
-        if total > self.cfg.max_seq_len:
-            raise ValueError(f"resume: sequence {seq_id} would reach {total} tokens > max_seq_len "
-                             f"({self.cfg.max_seq_len})")
-        check_fits(total, f"sequence {seq_id}", self.cfg.page_size, self.num_pages - 1)
-        check_ids(appended_tokens, self.model_cfg.vocab_size)
+        check_resume(seq_id, len(seq.tokens), appended_tokens, max_new_tokens, self.cfg, self.num_pages - 1,
+                     self.model_cfg.vocab_size)
         seq.tokens.extend(int(t) for t in appended_tokens)
         seq.seg_start, seq.seg_logprobs, seq.max_new = len(seq.tokens), [], max_new_tokens
         self.scheduler.requeue(seq)
@@ -266,11 +263,13 @@ class PagedEngine:
 
     def set_params(self, params: nnx.State) -> None:
         """New policy weights. Only when no sequence is live (all released): cached K/V of the old
-        weights must not be mixed with the new ones."""
+        weights must not be mixed with the new ones (the prefix cache is invalidated)."""
         if self.scheduler.seqs:
             raise RuntimeError(f"set_params: engine is not idle ({len(self.scheduler.seqs)} live sequences; "
                                "release every sequence first)")
         self.params = self._place_params(params)
+        if self.prefix_cache is not None:
+            self.prefix_cache.invalidate()
 
     def _place_params(self, params: nnx.State) -> nnx.State:
         if self.layout is not None:
@@ -296,7 +295,8 @@ class PagedEngine:
                            swapped_out_tokens=self.swap.out_tokens, swapped_in_tokens=self.swap.in_tokens,
                            kv_pages_in_use=self.page_table.used_pages(), kv_pages_total=self.usable_pages,
                            seqs_holding_pages=sum(map(sched.holds_pages, sched.seqs.values())),
-                           active=sched.num_active(), waiting=len(sched.waiting))
+                           active=sched.num_active(), waiting=len(sched.waiting),
+                           **(self.prefix_cache.stats() if self.prefix_cache is not None else {}))
 
     def tokens(self, seq_id: int) -> list[int]:
         """All tokens of a sequence so far (prompt, sampled and appended)."""

@@ -41,6 +41,11 @@ class EngineConfig:
     # preempted sequence's cached K/V is copied out and written back when it returns to a slot,
     # instead of recomputed. 0 = off (a preempted sequence recomputes everything).
     swap_tokens: int = 0
+    # Reuse the K/V of full pages across sequences and problems by token content (``prefix_cache``;
+    # e.g. the release template's system prompt). Off by default until the mixed prefill/decode step
+    # lands (issue 32): a hit changes which rows feed which tokens, so goldens recorded without it
+    # would move by float rounding.
+    prefix_cache: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
@@ -51,6 +56,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.readmit_headroom must be an int >= 0, got {self.readmit_headroom!r}")
         if not isinstance(self.swap_tokens, int) or self.swap_tokens < 0:
             raise ValueError(f"EngineConfig.swap_tokens must be an int >= 0, got {self.swap_tokens!r}")
+        if not isinstance(self.prefix_cache, bool):
+            raise ValueError(f"EngineConfig.prefix_cache must be a bool, got {self.prefix_cache!r}")
         if (self.num_pages is None) == (self.kv_memory_bytes is None):
             raise ValueError("EngineConfig: give exactly one of num_pages or kv_memory_bytes")
         if self.num_pages is not None and self.num_pages < 2:
@@ -107,6 +114,18 @@ def check_fits(n_tokens: int, what: str, page_size: int, usable_pages: int) -> N
 def check_ids(ids: Sequence[int], vocab_size: int) -> None:
     if len(ids) and not all(0 <= int(t) < vocab_size for t in ids):
         raise ValueError(f"token ids must be in [0, {vocab_size})")
+
+
+def check_resume(seq_id: int, n_tokens: int, appended: Sequence[int], max_new_tokens: int, cfg: EngineConfig,
+                 usable_pages: int, vocab_size: int) -> None:
+    """``ValueError`` naming what is wrong with resuming a paused sequence of ``n_tokens`` tokens."""
+    if max_new_tokens <= 0:
+        raise ValueError(f"resume: max_new_tokens must be positive, got {max_new_tokens}")
+    total = n_tokens + len(appended) + max_new_tokens
+    if total > cfg.max_seq_len:
+        raise ValueError(f"resume: sequence {seq_id} would reach {total} tokens > max_seq_len ({cfg.max_seq_len})")
+    check_fits(total, f"sequence {seq_id}", cfg.page_size, usable_pages)
+    check_ids(appended, vocab_size)
 
 
 def check_request(request: Any, cfg: EngineConfig, usable_pages: int, vocab_size: int, has_decode_fn: bool) -> None:

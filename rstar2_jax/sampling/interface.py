@@ -69,6 +69,10 @@ class EngineStats:
     kv_imported_tokens: int = 0  # positions whose K/V arrived by ``import_seq`` (not recomputed)
     swapped_out_tokens: int = 0  # preempted positions whose K/V went to host memory (``EngineConfig.swap_tokens``)
     swapped_in_tokens: int = 0  # ... and came back on readmission (not recomputed)
+    prefix_cache_hits: int = 0  # admissions that mapped cached prefix pages (``EngineConfig.prefix_cache``)
+    prefix_cache_misses: int = 0  # admissions with a full page to look up that mapped none
+    prefix_tokens_saved: int = 0  # token positions mapped from the prefix cache instead of prefilled
+    prefix_cached_pages: int = 0  # now: pages the prefix cache indexes (those no sequence holds count as free)
     kv_pages_in_use: int = 0  # now
     kv_pages_total: int = 0  # usable pages (null page excluded)
     seqs_holding_pages: int = 0  # now: sequences with KV pages (active or paused)

@@ -22,6 +22,10 @@ Rules (every page count is in pages of ``page_size`` token positions):
   (``evict``/``restore``) its K/V may wait on the host instead and be written back on admission.
 * **Fork** (``fork``): a prefilled template shares its pages with its children, copy-on-write for
   a partial last page; if the copies do not fit even after preemption, some children recompute.
+* **Prefix cache** (optional, ``prefix_cache.PrefixCache``): a sequence that takes pages again maps
+  the longest cached prefix of its tokens (in full pages) and feeds only the rest; each sequence's
+  new full pages are offered before every step, and before its pages are freed. Pages only the
+  cache holds count as free: admission and growth evict them (LRU) before anything is preempted.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from typing import Callable
 import numpy as np
 
 from rstar2_jax.sampling.page_table import OutOfPages, PageTable
+from rstar2_jax.sampling.prefix_cache import PrefixCache
 from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState
 
 WAITING, ACTIVE, PAUSED, RELEASED = SeqState.WAITING, SeqState.ACTIVE, SeqState.PAUSED, SeqState.RELEASED
@@ -46,10 +51,12 @@ class Scheduler:
       waiting: queued sequences, oldest ``order`` first.
       block_tables: i32[B, M], slot i's pages (null page past its length; all null if empty).
       preemptions, unshared_children: counters since construction (see ``EngineStats``).
+      cache: the prefix cache over ``page_table``, or None.
     """
 
     def __init__(self, page_table: PageTable, num_slots: int, readmit_headroom: int = 4, *,
-                 evict: Callable[[Seq], None] | None = None, restore: Callable[[Seq], None] | None = None):
+                 evict: Callable[[Seq], None] | None = None, restore: Callable[[Seq], None] | None = None,
+                 cache: PrefixCache | None = None):
         if readmit_headroom < 0:
             raise ValueError(f"Scheduler: readmit_headroom must be >= 0, got {readmit_headroom}")
         self.pt = page_table
@@ -61,6 +68,7 @@ class Scheduler:
         self.block_tables = np.zeros((num_slots, page_table.max_pages_per_seq), np.int32)
         self.preemptions = 0
         self.unshared_children = 0
+        self.cache = cache
 
     # -- queries ---------------------------------------------------------------------------------
     def num_active(self) -> int:
@@ -110,7 +118,10 @@ class Scheduler:
         elif seq.state is WAITING:
             self.waiting.remove(seq)
         if self.holds_pages(seq):
+            self._offer(seq)  # its computed full pages outlive it in the cache
             self.pt.free(seq.id)
+        if self.cache is not None:
+            self.cache.forget(seq.id)
         seq.to(RELEASED)
         self.seqs.pop(seq.id, None)
 
@@ -118,10 +129,16 @@ class Scheduler:
     def admit(self) -> None:
         """Fill free slots from the queue, oldest first, while each one's pages fit."""
         pt = self.pt
+        for s in self.slots:  # what the last step computed, before anything may be evicted
+            if s is not None:
+                self._offer(s)
         while self.waiting and None in self.slots:
             seq = self.waiting[0]
             have = len(pt.pages(seq.id)) if self.holds_pages(seq) else 0
-            if pt.pages_needed(len(seq.tokens)) - have + self._headroom(seq) > pt.free_pages():
+            hit = [] if self.holds_pages(seq) else self._lookup(seq)
+            # hit pages only the cache holds count as free, but will be this sequence's
+            free = pt.free_pages() - int(np.count_nonzero(pt.ref_counts[hit] == 1))
+            if pt.pages_needed(len(seq.tokens)) - have - len(hit) + self._headroom(seq) > free:
                 if self.num_active() == 0 and self.preempt_one(exclude=seq):
                     continue  # only paused/waiting sequences hold memory: make room
                 return  # wait for memory (strict FIFO)
@@ -129,7 +146,10 @@ class Scheduler:
             if self.holds_pages(seq):
                 pt.append(seq.id, len(seq.tokens) - pt.length(seq.id))
             else:
-                pt.allocate(seq.id, len(seq.tokens))
+                pt.allocate(seq.id, len(seq.tokens), shared=hit)
+                seq.cached = len(hit) * pt.page_size
+                if self.cache is not None:
+                    self.cache.mapped(seq.id, seq.tokens, len(hit))
                 if seq.swapped is not None and self.restore is not None:
                     self.restore(seq)  # its K/V back into the new pages: only the rest is fed
             slot = self.slots.index(None)
@@ -182,7 +202,10 @@ class Scheduler:
         self.preemptions += 1
         if self.evict is not None:
             self.evict(victim)  # may keep its K/V on the host (``Seq.swapped``)
+        self._offer(victim)  # its full pages stay cached (evictable) for its return
         self.pt.free(victim.id)
+        if self.cache is not None:
+            self.cache.lost_pages(victim.id)
         victim.cached = 0
         victim.preempted += 1
         if victim.state is ACTIVE:
@@ -220,6 +243,17 @@ class Scheduler:
         return copies
 
     # -- helpers ---------------------------------------------------------------------------------
+    def _lookup(self, seq: Seq) -> list[int]:
+        """Cached pages of ``seq``'s prefix to map (none without a cache, or if its K/V is swapped:
+        ``restore`` writes every cached position into fresh pages)."""
+        if self.cache is None or seq.swapped is not None:
+            return []
+        return self.cache.lookup(seq.id, seq.tokens)
+
+    def _offer(self, seq: Seq) -> None:
+        if self.cache is not None and self.holds_pages(seq):
+            self.cache.offer(seq.id, seq.tokens, seq.cached)
+
     def _headroom(self, seq: Seq) -> int:
         """Free pages a preempted ``seq`` must leave over to be admitted (0 for any other)."""
         active = self.num_active()
