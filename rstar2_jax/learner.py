@@ -15,7 +15,10 @@ The train batch (host side, NumPy; ``trajectories_to_batch``), row i one traject
     tokens[t]    = full[t]
     targets[t]   = full[t + 1]                     (pad_id past the end)
     loss_mask[t] = mask(full[t + 1])               1 on sampled tokens, 0 on prompt/tool/pad
-    old_logp[t]  = sampler log-prob of full[t + 1] (0 where the mask is 0)
+    old_logp[t]  = sampler log-prob of full[t + 1] (0 where the mask is 0); renamed ``sampler_logp``
+                   (π_behav: the mismatch metric, rollout correction) when π_old is recomputed
+    versions[t]  = policy version that sampled full[t + 1] (-1 where the mask is 0; host only: the
+                   update's ``train/version_min`` / ``version_max`` / ``staleness_max`` come from it)
     advantages   = [B] per-trajectory advantage
 
 ``pack_trajectories`` puts several trajectories in one row instead (segments, positions and
@@ -131,6 +134,11 @@ class Learner:
     def params(self) -> nnx.State:
         return self.state.params
 
+    @property
+    def version(self) -> int:
+        """The policy version of ``params``: updates applied so far (``TrainState.step``)."""
+        return int(self.state.step)
+
     def select(self, trajs: Sequence[Trajectory], seed: int) -> tuple[Selection, np.ndarray]:
         """RoC downsampling (``roc_downsample``) of the non-errored trajectories of every process, and
         advantages. Returns the selection and the gathered records (f64[N_global, len(SELECT_FIELDS)])."""
@@ -220,7 +228,7 @@ class Learner:
                 batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype) + (
                     self.pad_id if k in ("tokens", "targets") else 0)]) for k, v in batch.items()}
         if self.cfg.rl.old_logp_source == "recompute":
-            batch.pop("old_logp")
+            batch["sampler_logp"] = batch.pop("old_logp")
         return batch
 
     def update(self, trajs: Sequence[Trajectory], seed: int) -> tuple[dict[str, float], Selection]:
@@ -230,11 +238,26 @@ class Learner:
         m: dict[str, float] = {"n_sampled": len(rec), "n_kept": int(len(sel.kept))}
         if len(sel.kept):
             host = self.batch(trajs, sel, rec)
+            m.update(version_metrics(host.pop("versions"), host["loss_mask"], self.version))
             batch = shard_batch(host, self.mesh) if self.num_processes == 1 else process_local_batch(host, self.mesh)
             self.state, metrics = self._step_fn(self.state, batch)
             m.update({f"train/{k}": float(v) for k, v in metrics.items()})
             m.update({f"train/{k}": float(v) for k, v in self.padding(sel, rec).items()})
         return m, sel
+
+
+def version_metrics(versions_bt: np.ndarray, mask_bt: np.ndarray, learner_version: int) -> dict[str, float]:
+    """``train/version_min`` / ``version_max`` over every process's trained tokens (gathered: a
+    collective) and ``staleness_max`` = the learner's version minus the oldest (0 in the synchronous
+    loop); NaN without a trained token."""
+    v = versions_bt[mask_bt > 0]
+    local = np.array([[v.min(), v.max()] if len(v) else [np.inf, -np.inf]], np.float64)
+    both = np.concatenate(allgather_rows(local))
+    lo, hi = float(both[:, 0].min()), float(both[:, 1].max())
+    if lo > hi:
+        return {"train/version_min": float("nan"), "train/version_max": float("nan"),
+                "train/staleness_max": float("nan")}
+    return {"train/version_min": lo, "train/version_max": hi, "train/staleness_max": float(learner_version - lo)}
 
 
 def trajectories_to_batch(trajs: Sequence[Trajectory], advantages: np.ndarray, seq_len: int,
@@ -245,6 +268,7 @@ def trajectories_to_batch(trajs: Sequence[Trajectory], advantages: np.ndarray, s
     targets = np.full((b, seq_len), pad_id, np.int32)
     mask = np.zeros((b, seq_len), np.float32)
     old = np.zeros((b, seq_len), np.float32)
+    ver = np.full((b, seq_len), -1, np.int32)
     for i, t in enumerate(trajs):
         full = list(t.prompt_tokens) + list(t.response_tokens)
         if len(full) > seq_len:
@@ -254,8 +278,14 @@ def trajectories_to_batch(trajs: Sequence[Trajectory], advantages: np.ndarray, s
         targets[i, : n - 1] = full[1:]
         mask[i, p - 1: n - 1] = t.loss_mask
         old[i, p - 1: n - 1] = t.sampler_logprobs
+        ver[i, p - 1: n - 1] = _versions(t)
     return {"tokens": tokens, "targets": targets, "loss_mask": mask, "old_logp": old,
-            "advantages": np.asarray(advantages, np.float32).reshape(b)}
+            "advantages": np.asarray(advantages, np.float32).reshape(b), "versions": ver}
+
+
+def _versions(t: Trajectory) -> list[int]:
+    """Per response token version (-1 where unknown: a trajectory built without versions)."""
+    return t.versions if len(t.versions) == len(t.response_tokens) else [-1] * len(t.response_tokens)
 
 
 def pack_plan(lengths: Sequence[int], row_len: int) -> list[list[int]]:
@@ -293,7 +323,7 @@ def pack_trajectories(trajs: Sequence[Trajectory], advantages: np.ndarray, row_l
     out = {"tokens": np.full((r, row_len), pad_id, np.int32), "targets": np.full((r, row_len), pad_id, np.int32),
            "loss_mask": np.zeros((r, row_len), np.float32), "old_logp": np.zeros((r, row_len), np.float32),
            "advantages": np.zeros((r, row_len), np.float32), "positions": np.zeros((r, row_len), np.int32),
-           "segment_ids": np.zeros((r, row_len), np.int32)}
+           "segment_ids": np.zeros((r, row_len), np.int32), "versions": np.full((r, row_len), -1, np.int32)}
     adv = np.asarray(advantages, np.float32).reshape(len(trajs))
     for row, members in enumerate(plan):
         at = 0
@@ -307,6 +337,7 @@ def pack_trajectories(trajs: Sequence[Trajectory], advantages: np.ndarray, row_l
             out["targets"][row, at: at + n - 1] = f[1:]
             out["loss_mask"][row, at + p - 1: at + n - 1] = t.loss_mask
             out["old_logp"][row, at + p - 1: at + n - 1] = t.sampler_logprobs
+            out["versions"][row, at + p - 1: at + n - 1] = _versions(t)
             out["advantages"][row, sl] = adv[i]
             out["positions"][row, sl] = np.arange(n)
             out["segment_ids"][row, sl] = seg

@@ -38,7 +38,7 @@ def rl_step(rollout: Rollout, learner: Learner, reward_fn: RewardBatchFn, proble
     t2 = time.perf_counter()
     m, sel = learner.update(res.trajectories, seed)
     t3 = time.perf_counter()
-    sync = rollout.sync(learner.params)
+    sync = rollout.sync(learner.params, version=learner.version)
     # every process's rows, in process order; p_format from RoC's records (computed once, RocConfig.penalties')
     stats = np.concatenate(allgather_rows(trajectory_stats(res.trajectories)))
     stats[:, COL["p_format"]] = sel.p_format

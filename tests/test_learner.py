@@ -83,7 +83,7 @@ def test_roc_keeps_g_of_mixed_groups_updates_and_matches_golden(mode, pool):
     rollout = Rollout([engine], pool, TOK, rcfg)
     learner = Learner(graphdef, init_train_state(params, rl, 0), LearnerConfig(rl=rl, seq_len=512, rows=3 * g_keep),
                       pad_id=TOK.pad_id)
-    rollout.sync(learner.params)
+    rollout.sync(learner.params, version=learner.version)  # policy version 0: no update yet
     compiles = CompileCounter()
     rows = []
     for step in range(2):
@@ -95,6 +95,15 @@ def test_roc_keeps_g_of_mixed_groups_updates_and_matches_golden(mode, pool):
         assert metrics["reward"] == pytest.approx((4 + 2 + 0 + 2) / 16)
         assert math.isfinite(metrics["train/loss"]) and int(learner.state.step) == step + 1
         assert engine.params is learner.params  # synced after the update
+        # every sampled token carries the version of the weights that produced it: one per RL step
+        for t in res.trajectories:
+            assert len(t.versions) == len(t.response_tokens)
+            assert {v for v, m in zip(t.versions, t.loss_mask) if m} == {step}
+            assert {v for v, m in zip(t.versions, t.loss_mask) if not m} <= {-1}  # appended tool tokens
+        assert (metrics["train/version_min"], metrics["train/version_max"], metrics["train/staleness_max"]) == (
+            step, step, 0)
+        assert rollout.version == learner.version == step + 1
+        assert metrics["train/mismatch/abs_max"] >= 0  # logged every step (the scripted engine's log-probs are 0)
     assert rows[1]["compiles"] == 0  # the update is compiled once
     # the dispatcher lives across steps: the second batch's length model starts from the first's lengths
     assert (rows[0]["length_model_n"], rows[1]["length_model_n"]) == (16, 16 + 16)

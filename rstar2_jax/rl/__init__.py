@@ -11,14 +11,15 @@ from __future__ import annotations
 import importlib
 
 from rstar2_jax.rl.advantages import compute_advantages, group_advantages, token_advantages
-from rstar2_jax.rl.config import (AdvantageConfig, AdvantageKind, KLEstimator, LossConfig, LossKind, OptimConfig,
-                                  RLConfig, RocConfig)
+from rstar2_jax.rl.config import (AdvantageConfig, AdvantageKind, CorrectionConfig, KLEstimator, LossConfig, LossKind,
+                                  OptimConfig, RLConfig, RocConfig)
 from rstar2_jax.rl.penalties import RocRecord, p_err, p_format, p_format_release, p_total, stack_records
 from rstar2_jax.rl.roc import roc_class_counts, roc_downsample
 
 _LAZY = {
     "policy_loss": "loss", "aggregate_loss": "loss", "ppo_token_losses": "loss", "SURROGATES": "surrogates",
-    "kl_penalty": "kl", "reference_params": "reference",
+    "kl_penalty": "kl", "reference_params": "reference", "mismatch_metrics": "mismatch",
+    "correction_terms": "correction", "decoupled_token_losses": "correction",
     "TrainState": "train_step", "make_optimizer": "train_step", "init_train_state": "train_step",
     "make_train_step": "train_step", "make_logprob_fn": "train_step", "reset_optimizer": "train_step",
     "train_state_shardings": "train_step", "shard_batch": "train_step", "host_seed": "train_step",
@@ -33,7 +34,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdvantageConfig", "AdvantageKind", "KLEstimator", "LossConfig", "LossKind", "OptimConfig", "RLConfig",
+    "AdvantageConfig", "AdvantageKind", "CorrectionConfig", "KLEstimator", "LossConfig", "LossKind", "OptimConfig", "RLConfig",
     "RocConfig", "RocRecord", "compute_advantages", "group_advantages", "token_advantages",
     "p_err", "p_format", "p_format_release", "p_total", "stack_records",
     "roc_class_counts", "roc_downsample", *_LAZY,

@@ -205,6 +205,45 @@ class LossConfig:
         return self.kl_coef > 0
 
 
+class CorrectionLevel(enum.StrEnum):
+    """Where a rollout-correction weight or mask is decided (``rl.correction``)."""
+
+    NONE = "none"  # off
+    TOKEN = "token"  # per token, from r_t = π_prox(y_t) / π_behav(y_t)
+    SEQUENCE = "sequence"  # per sequence, from the product R_i = Π_t r_t
+    GEOMETRIC = "geometric"  # per sequence, from the geometric mean exp(mean_t log r_t) (masks only)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class CorrectionConfig:
+    """Rollout correction (``rl.correction``; docs/design.md §5.1): weights / masks from the behaviour
+    (sampler) log-probs and the proximal (recomputed π_old) ones, applied to each token's loss. Off by
+    default (both levels "none"): the loss is then exactly the uncorrected one. Sources: verl
+    ``rollout_corr`` (TIS, masked IS, geometric masking), AReaL decoupled PPO (arXiv 2505.24298),
+    Yao et al. 2025 (truncated IS, "Your efficient RL framework secretly brings you off-policy RL").
+    """
+
+    is_level: CorrectionLevel = CorrectionLevel.NONE  # "none" | "token" | "sequence": truncated IS weight
+    is_cap: float = 2.0  # C: w = min(ratio, C) (verl rollout_is_threshold 2.0); >= 1 so w = 1 on-policy
+    mask_level: CorrectionLevel = CorrectionLevel.NONE  # "none" | "token" | "sequence" | "geometric"
+    mask_lo: float = 0.5  # keep a token / sequence while lo <= ratio <= hi; lo <= 1 <= hi
+    mask_hi: float = 2.0
+
+    def __post_init__(self):
+        _as_enum(self, "is_level", CorrectionLevel)
+        _as_enum(self, "mask_level", CorrectionLevel)
+        _check(self.is_level != CorrectionLevel.GEOMETRIC,
+               "is_level must be 'none', 'token' or 'sequence' (geometric is a mask level)")
+        _check(self.is_cap >= 1.0, f"is_cap (C) must be >= 1 (w = 1 on-policy), got {self.is_cap}")
+        _check(0.0 <= self.mask_lo <= 1.0 <= self.mask_hi,
+               f"need 0 <= mask_lo <= 1 <= mask_hi (on-policy tokens kept), got {self.mask_lo}, {self.mask_hi}")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any correction is on (the step then feeds the behaviour log-probs to the loss)."""
+        return self.is_level != CorrectionLevel.NONE or self.mask_level != CorrectionLevel.NONE
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class OptimConfig:
     """AdamW with linear warm-up then constant lr, global-norm clipping (paper §4.2)."""
@@ -236,6 +275,8 @@ class RLConfig:
     micro_batch_size: int | None = None  # rows per micro-batch (grad accumulation); None = whole batch
     logprob_chunk_size: int = 128  # token chunk for log-probs (never materialise [B,T,V])
     old_logp_source: OldLogpSource = OldLogpSource.RECOMPUTE  # "recompute" (no-grad pass) or "sampler"
+    # rollout correction (rl.correction) from the sampler's log-probs; off by default
+    correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)
     compute_entropy: bool = False  # report policy entropy (a metric; computed anyway when loss.entropy_coef > 0)
     # τ of the trained policy softmax(logits/τ): set it to the rollout sampler's temperature so the
     # importance ratios and the gradient are those of the distribution the rollouts were drawn from
@@ -250,8 +291,11 @@ class RLConfig:
         _check(isinstance(self.temperature, (int, float)) and self.temperature > 0,
                f"temperature must be > 0, got {self.temperature!r}")
         _check(self.temperature == 1.0 or self.old_logp_source == "recompute",
-               f"temperature={self.temperature} needs old_logp_source='recompute': sampler log-probs are "
-               "those of the temperature-1 policy")
+               f"temperature={self.temperature} needs old_logp_source='recompute' (π_old recomputed at "
+               "τ; nothing checks that the engines sampled at the same τ)")
+        _check(not self.correction.enabled or self.old_logp_source == "recompute",
+               "correction needs old_logp_source='recompute' (the proximal policy; with 'sampler' it is the "
+               "behaviour policy and every correction is the identity)")
 
     @property
     def with_entropy(self) -> bool:
@@ -271,7 +315,8 @@ class RLConfig:
     @classmethod
     def from_json_dict(cls, d: dict[str, Any]) -> "RLConfig":
         """Inverse of :meth:`to_json_dict`."""
-        sub = {"roc": RocConfig, "advantage": AdvantageConfig, "loss": LossConfig, "optim": OptimConfig}
+        sub = {"roc": RocConfig, "advantage": AdvantageConfig, "loss": LossConfig, "optim": OptimConfig,
+               "correction": CorrectionConfig}
         d = dict(d)
         if "scale_by_std" in d.get("advantage", {}):  # written before AdvantageConfig.kind existed
             adv = dict(d["advantage"])

@@ -28,7 +28,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from rstar2_jax.rl.config import LossConfig
+from rstar2_jax.rl.config import CorrectionConfig, LossConfig
+from rstar2_jax.rl.correction import decoupled_token_losses
 from rstar2_jax.rl.kl import kl_penalty
 from rstar2_jax.rl.segments import effective_mask, seq_sum
 from rstar2_jax.rl.surrogates import SURROGATES, ppo_token_losses
@@ -86,7 +87,8 @@ def _metrics(info: dict[str, jax.Array], adv_bt: jax.Array, m: jax.Array) -> dic
 
 def policy_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, advantages: jax.Array, loss_mask_bt: jax.Array,
                 cfg: LossConfig = LossConfig(), entropy_bt: jax.Array | None = None,
-                segment_ids_bt: jax.Array | None = None, ref_logp_bt: jax.Array | None = None
+                segment_ids_bt: jax.Array | None = None, ref_logp_bt: jax.Array | None = None,
+                behav_logp_bt: jax.Array | None = None, correction: CorrectionConfig = CorrectionConfig()
                 ) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
     """The ``cfg.kind`` surrogate plus the optional KL / entropy terms as ((S, D), metrics); L = S / D.
 
@@ -98,6 +100,10 @@ def policy_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, advantages: jax.Arra
     clip_frac (their sum), dual_clip_frac, approx_kl = E[ρ - 1 - log ρ] (k3 to π_old), ppo_kl =
     E[-log ρ] (k1), ratio_mean, ratio_max, adv_mean, n_tokens; entropy (if given) and kl (the
     ``kl_estimator`` to π_ref, when ``kl_coef`` > 0).
+
+    With ``correction.enabled`` (``rl.correction``), ``old_logp_bt`` is the proximal policy, ``behav_logp_bt``
+    the sampler's (required), each token's loss is κ_t w_t ℓ_t and masked tokens leave S and D;
+    metrics add ``corr/mask_frac``, ``corr/weight_mean``, ``corr/is_capped_frac``. Off: unchanged.
     """
     cfg = cfg.resolved()
     adv_bt = advantages[:, None] if advantages.ndim == 1 else advantages
@@ -105,8 +111,18 @@ def policy_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, advantages: jax.Arra
     old_logp_bt = jax.lax.stop_gradient(old_logp_bt.astype(jnp.float32))
     m = jax.lax.stop_gradient(effective_mask(loss_mask_bt, segment_ids_bt))
     logp_bt = logp_bt.astype(jnp.float32)
-    loss_bt, info = SURROGATES[cfg.kind](logp_bt, old_logp_bt, adv_bt, cfg, mask_bt=m, segment_ids_bt=segment_ids_bt)
+    agg_mask_bt = loss_mask_bt
+    if correction.enabled:
+        if behav_logp_bt is None:
+            raise ValueError("correction needs behav_logp_bt (the sampler's log-probs)")
+        loss_bt, keep_m, info = decoupled_token_losses(logp_bt, old_logp_bt, behav_logp_bt, adv_bt, cfg, correction,
+                                                       loss_mask_bt, segment_ids_bt)
+        agg_mask_bt = jax.lax.stop_gradient(keep_m)
+    else:
+        loss_bt, info = SURROGATES[cfg.kind](logp_bt, old_logp_bt, adv_bt, cfg, mask_bt=m,
+                                             segment_ids_bt=segment_ids_bt)
     metrics = _metrics(info, adv_bt, m)
+    metrics.update({k: jax.lax.stop_gradient(v) for k, v in info.items() if k.startswith("corr/")})
     if cfg.kl_coef > 0:
         if ref_logp_bt is None:
             raise ValueError(f"kl_coef={cfg.kl_coef} needs ref_logp_bt (log-probs of the reference policy)")
@@ -119,5 +135,5 @@ def policy_loss(logp_bt: jax.Array, old_logp_bt: jax.Array, advantages: jax.Arra
         loss_bt = loss_bt - cfg.entropy_coef * entropy_bt.astype(jnp.float32)
     if entropy_bt is not None:
         metrics["entropy"] = _masked_mean(jax.lax.stop_gradient(entropy_bt), m, metrics["n_tokens"])
-    loss_sum, denom = aggregate_loss(loss_bt, loss_mask_bt, cfg.agg_mode, segment_ids_bt, norm_len=cfg.norm_len)
+    loss_sum, denom = aggregate_loss(loss_bt, agg_mask_bt, cfg.agg_mode, segment_ids_bt, norm_len=cfg.norm_len)
     return (loss_sum, jax.lax.stop_gradient(denom)), metrics

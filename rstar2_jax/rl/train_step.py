@@ -15,7 +15,10 @@ One call of the step returned by :func:`make_train_step` does, for a batch of B 
 Batch: a dict of arrays ``tokens`` [B,T] int32, ``targets`` [B,T] int32 (tokens shifted left),
 ``loss_mask`` [B,T] float (0 on prompt and tool-response tokens), ``advantages`` [B] or [B,T];
 optional ``positions`` [B,T], ``segment_ids`` [B,T] (packing; 0 = padding), ``old_logp`` [B,T],
-``ref_logp`` [B,T] (log π_ref: the step computes it with the reference params when ``loss.kl_coef`` > 0).
+``ref_logp`` [B,T] (log π_ref: the step computes it with the reference params when ``loss.kl_coef`` > 0),
+``sampler_logp`` [B,T] (the engines' log-probs, π_behav: with ``"recompute"`` the step logs the
+sampler/trainer mismatch ``mismatch/*`` (``rl.mismatch``, a separate small jit, so the update's program
+is unchanged) and, with ``cfg.correction.enabled``, the loss's rollout correction reads it (``rl.correction``)).
 
 Sharding: params carry their ``NamedSharding`` (``model.shard_params``), the batch is split over
 ("data","fsdp") (:func:`shard_batch`), and the step is jitted with the state's shardings as in and
@@ -41,10 +44,11 @@ from rstar2_jax.distributed import put_global
 from rstar2_jax.model import batch_sharding, constrain, param_shardings, token_logprobs
 from rstar2_jax.rl.config import OptimConfig, RLConfig
 from rstar2_jax.rl.loss import policy_loss
+from rstar2_jax.rl.mismatch import mismatch_metrics
 
 Batch = dict[str, jax.Array]
 BATCH_KEYS = ("tokens", "targets", "loss_mask", "advantages")  # required
-OPTIONAL_KEYS = ("positions", "segment_ids", "old_logp", "ref_logp")
+OPTIONAL_KEYS = ("positions", "segment_ids", "old_logp", "ref_logp", "sampler_logp")
 
 
 @jax.tree_util.register_dataclass
@@ -175,7 +179,8 @@ def micro_loss_and_grad(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, cf
                              temperature=cfg.temperature)
         logp, ent = out if cfg.with_entropy else (out, None)
         (s, d), metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"], cfg.loss, ent,
-                                      segment_ids_bt=mb.get("segment_ids"), ref_logp_bt=mb.get("ref_logp"))
+                                      segment_ids_bt=mb.get("segment_ids"), ref_logp_bt=mb.get("ref_logp"),
+                                      behav_logp_bt=mb.get("sampler_logp"), correction=cfg.correction)
         return s, (d, metrics)
     (s, (d, metrics)), grads = jax.value_and_grad(s_fn, has_aux=True)(params)
     return (s, d), metrics, grads
@@ -201,7 +206,8 @@ def _accumulate(graphdef, params, batch: Batch, cfg: RLConfig):
     bt = micro["tokens"].shape[1:]
     names = jax.eval_shape(lambda: policy_loss(jnp.zeros(bt), jnp.zeros(bt), jnp.zeros(bt[:1]), jnp.zeros(bt),
                                                cfg.loss, jnp.zeros(bt) if cfg.with_entropy else None,
-                                               ref_logp_bt=jnp.zeros(bt) if cfg.loss.uses_reference else None)[1])
+                                               ref_logp_bt=jnp.zeros(bt) if cfg.loss.uses_reference else None,
+                                               behav_logp_bt=jnp.zeros(bt), correction=cfg.correction)[1])
     m0 = {k: jnp.full((), -jnp.inf if k == "ratio_max" else 0.0, jnp.float32) for k in names}
     (s, d, g, m), _ = jax.lax.scan(body, (jnp.zeros(()), jnp.zeros(()), zeros, m0), micro, length=n)
     n_tok = jnp.maximum(m["n_tokens"], 1.0)
@@ -272,6 +278,14 @@ def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
     if cfg.loss.uses_reference and ref_params is None:
         raise ValueError(f"loss.kl_coef={cfg.loss.kl_coef} needs ref_params (the frozen reference policy)")
     logprob_fn = make_logprob_fn(graphdef, cfg, mesh=mesh)
+    jit_mismatch = jax.jit(mismatch_metrics)
+
+    def mismatch(batch: Batch) -> dict[str, jax.Array]:  # sampler vs the recomputed π_old, outside the update
+        args = (batch["sampler_logp"], batch["old_logp"], batch["loss_mask"], batch.get("segment_ids"))
+        if mesh is None:
+            return jit_mismatch(*args)
+        with jax.set_mesh(mesh):
+            return jit_mismatch(*args)
     update = jit_state_update(functools.partial(train_step, graphdef=graphdef, cfg=cfg), cfg, mesh=mesh,
                               state_shardings=state_shardings, donate=donate)
 
@@ -281,7 +295,15 @@ def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
             batch = {**batch, "old_logp": logprob_fn(state.params, batch)}
         if cfg.loss.uses_reference:
             batch = {**batch, "ref_logp": logprob_fn(ref_params, batch)}
-        return update(state, batch)
+        if cfg.correction.enabled and "sampler_logp" not in batch:
+            raise ValueError("cfg.correction needs batch['sampler_logp'] (the behaviour policy's log-probs)")
+        extra = {}
+        if "sampler_logp" in batch and cfg.old_logp_source == "recompute":
+            extra = {f"mismatch/{k}": v for k, v in mismatch(batch).items()}
+        if not cfg.correction.enabled:  # the update's inputs (and program) are today's
+            batch = {k: v for k, v in batch.items() if k != "sampler_logp"}
+        state, metrics = update(state, batch)
+        return state, {**metrics, **extra}
     return step
 
 

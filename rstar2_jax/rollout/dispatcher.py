@@ -75,6 +75,7 @@ class Dispatcher:
         if not engines:
             raise ValueError("Dispatcher needs at least one engine")
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
+        self.policy_version = 0  # version of the engines' weights (``Rollout.sync``): stamped on each sampled token
         self.ledger = AdmissionLedger(cfg.admission, cfg.budget, [_shape(e) for e in engines], lengths, history)
         for e, x in enumerate(step_s or ()):
             self.ledger.set_step_s(e, x)  # then a moving average of the measured steps
@@ -238,7 +239,7 @@ class Dispatcher:
     def _on_stop(self, e: int, ev: StopEvent) -> None:
         t = self.b.by_seq[(e, ev.seq_id)]
         t.on_generated(ev.tokens, ev.logprobs, ev.reason in ("max_new_tokens", "max_seq_len"),
-                       self.tok, self.cfg.template)
+                       self.tok, self.cfg.template, version=self.policy_version)
         if t.status is Status.DONE:
             self._finish(t, ev.seq_id)
             return

@@ -67,9 +67,16 @@ class Rollout:
         if state is not None:
             self.dispatcher.ledger.load_state(state)
 
-    def sync(self, params: Any) -> SyncStats:
+    @property
+    def version(self) -> int:
+        """The policy version of the engines' weights, stamped on every token they sample (0 before any sync)."""
+        return self.dispatcher.policy_version
+
+    def sync(self, params: Any, *, version: int | None = None) -> SyncStats:
         """Every engine gets ``params``: resharded on device to each engine's layout when every
-        engine has one (``WeightSync``), else each engine places them itself."""
+        engine has one (``WeightSync``), else each engine places them itself. ``version``: their policy
+        version (the RL loop passes the learner's update count); None = the previous one + 1."""
+        self.dispatcher.policy_version = self.version + 1 if version is None else int(version)
         if self.weight_sync is not None:
             return self.weight_sync(params, self.engines)
         t0 = time.perf_counter()

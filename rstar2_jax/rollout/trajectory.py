@@ -54,6 +54,9 @@ class Trajectory:
     response_tokens: list[int] = dataclasses.field(default_factory=list)
     loss_mask: list[int] = dataclasses.field(default_factory=list)  # 1 sampled, 0 appended
     sampler_logprobs: list[float] = dataclasses.field(default_factory=list)
+    # per response token: the policy version (``Rollout.sync``) of the weights that sampled it; -1 on
+    # appended tokens. A trajectory may span versions (weights updated between its turns).
+    versions: list[int] = dataclasses.field(default_factory=list)
     turns: list[str] = dataclasses.field(default_factory=list)  # assistant text of each turn
     appended_texts: list[str] = dataclasses.field(default_factory=list)  # text of each appended segment
     tools: list[ToolRecord] = dataclasses.field(default_factory=list)
@@ -83,12 +86,14 @@ class Trajectory:
         self.status, self.done_reason, self.error, self.pending_call = Status.DONE, reason, error, None
 
     def on_generated(self, tokens: list[int], logprobs: list[float], hit_length: bool,
-                     tokenizer: Tokenizer, cfg: TemplateConfig) -> None:
-        """Record one assistant turn's sampled tokens and decide what comes next."""
+                     tokenizer: Tokenizer, cfg: TemplateConfig, *, version: int | Sequence[int] = 0) -> None:
+        """Record one assistant turn's sampled tokens and decide what comes next. ``version``: the
+        policy version of the weights that sampled them (one int, or one per token)."""
         assert self.status is Status.GENERATING, self.status
         self.response_tokens.extend(tokens)
         self.loss_mask.extend([1] * len(tokens))
         self.sampler_logprobs.extend(float(x) for x in logprobs)
+        self.versions.extend([int(version)] * len(tokens) if isinstance(version, int) else [int(v) for v in version])
         text = tokenizer.decode(tokens)
         self.turns.append(text)
         tags = cfg.tags
@@ -130,6 +135,7 @@ class Trajectory:
         self.response_tokens.extend(segment)
         self.loss_mask.extend([0] * len(segment))
         self.sampler_logprobs.extend([0.0] * len(segment))
+        self.versions.extend([-1] * len(segment))
         self.pending_call, self.status = None, Status.GENERATING
         return segment
 

@@ -206,7 +206,7 @@ class _Run:
         self.rollout, self.eval_engines = self.p.make_rollout()
         self.learner = Learner(self.p.graphdef, self.state, self.p.learner, pad_id=self.p.pad_id, mesh=self.p.mesh,
                                ref_params=self.reference_policy())
-        self.rollout.sync(self.learner.params)
+        self.rollout.sync(self.learner.params, version=self.learner.version)
         states = self.cursor.rollout
         if states is not None and len(states) == jax.process_count():
             self.rollout.load_state(states[jax.process_index()])  # the dispatcher's history, as it was

@@ -2,7 +2,7 @@
 
 * ``page_table``: host-side ref-counted pages (``PageTable``), fork with copy-on-write.
 * ``kv_cache``: device-side page arrays and paged attention (pure JAX reference + kernel hook).
-* ``sampling_fns``: frozen-dataclass samplers; log-probs are the policy's (temperature 1).
+* ``sampling_fns``: frozen-dataclass samplers; log-probs of the temperature-scaled policy.
 * ``interface``: the ``Engine`` protocol every engine implements, ``Request``, ``StopEvent``, ``EngineStats``.
 * ``sequence``: host records (``Seq``, ``GroupTemplate``) and the ``SeqState`` transition table.
 * ``scheduler``: slots, FIFO admission, page growth, preemption (the least to recompute), group forks.

@@ -43,7 +43,8 @@ class Request:
 @dataclasses.dataclass(frozen=True)
 class StopEvent:
     """A sequence stopped this step. ``tokens``/``logprobs`` are those sampled since the last
-    submit/resume (appended tokens excluded); log-probs are the policy's (temperature 1)."""
+    submit/resume (appended tokens excluded); log-probs are those of the
+    sampler's temperature-scaled, untruncated distribution (``sampling_fns``)."""
 
     seq_id: int
     tokens: list[int]

@@ -1,10 +1,10 @@
 """Samplers: small frozen dataclasses ``(logits_bv, key) -> tokens_b`` (hashable, so jit-static).
 
 Every sampler also has ``sample(logits_bv, key) -> (tokens_b, logprobs_b)``. The log-prob is
-**always the policy's**: ``log_softmax(logits)[token]`` of the raw (temperature 1, untruncated)
-logits, whatever temperature/top-k/top-p chose the token. That is the quantity the trainer
-recomputes and compares against (importance ratios, KL); the sampling distribution's own log-prob
-is not returned.
+that of the **temperature-scaled, untruncated** policy: ``log_softmax(logits / τ)[token]`` (τ = 1
+for greedy rows), whatever top-k/top-p then kept. That is the quantity the trainer recomputes at
+``RLConfig.temperature`` = τ and compares against (importance ratios, the sampler/trainer mismatch
+metric ``rl.mismatch``). At τ = 1 it is ``log_softmax(logits)`` bit for bit (x / 1.0 is exact).
 
 All samplers share one per-row kernel, ``sample_rows``, whose parameters are arrays, so the engine
 can mix requests with different settings in one batch. Per-row determinism: row b's token depends
@@ -35,7 +35,7 @@ class RowParams(NamedTuple):
 
 
 def policy_logprobs(logits_bv: Float[Array, "B V"], tokens_b: Int[Array, "B"]) -> Float[Array, "B"]:
-    """``log softmax(logits)[token]`` in fp32: the policy's log-prob at temperature 1, no truncation."""
+    """``log softmax(logits)[token]`` in fp32, no truncation (``sample_rows`` passes logits / τ)."""
     logp = jax.nn.log_softmax(logits_bv.astype(jnp.float32), axis=-1)
     return jnp.take_along_axis(logp, tokens_b[:, None], axis=-1)[:, 0]
 
@@ -76,7 +76,7 @@ def sample_rows(logits_bv: Float[Array, "B V"], keys_b: jax.Array, temperature_b
                 ) -> tuple[Int[Array, "B"], Float[Array, "B"]]:
     """Sample one token per row with per-row keys and parameters; returns ``(tokens_b, logprobs_b)``.
 
-    ``logprobs_b`` is the policy log-prob (see module docstring), not the sampling distribution's.
+    ``logprobs_b`` is ``log_softmax(logits / τ)[token]`` (module docstring; untruncated by top-k/top-p).
     Row b's token is ``jax.random.categorical(keys_b[b], kept logits / temperature)``, computed as
     that function does (Gumbel noise of the row's key plus the logits, first argmax).
     """
@@ -94,7 +94,7 @@ def sample_rows(logits_bv: Float[Array, "B V"], keys_b: jax.Array, temperature_b
     sampled = first_argmax(gumbel + jnp.where(scaled >= thr[:, None], scaled, neg))
     use_greedy = bcast(greedy_b, bool) | (temperature <= 0)
     tokens = jnp.where(use_greedy, first_argmax(logits), sampled)
-    return tokens, policy_logprobs(logits, tokens)
+    return tokens, policy_logprobs(scaled, tokens)
 
 
 def row_keys(key: jax.Array, batch: int) -> jax.Array:
@@ -109,7 +109,7 @@ class _Base:
         raise NotImplementedError
 
     def sample(self, logits_bv: Float[Array, "B V"], key: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """``(tokens_b, logprobs_b)``; logprobs under the policy's full softmax (temperature 1)."""
+        """``(tokens_b, logprobs_b)``; logprobs under the full softmax at the sampler's temperature."""
         return sample_rows(logits_bv, row_keys(key, logits_bv.shape[0]), *self.params())
 
     def __call__(self, logits_bv: Float[Array, "B V"], key: jax.Array) -> Int[Array, "B"]:

@@ -118,7 +118,7 @@ def _pad_key() -> np.ndarray:
 def paged_step(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KVLayer], batch: StepBatch,
                spec: StepSpec) -> tuple[list[kv_cache.KVLayer], Int[jax.Array, "R"], Float[jax.Array, "R"]]:
     """One engine step. DONATES ``cache``. Returns ``(cache, tokens_r, logprobs_r)``: the token
-    each row samples and its policy log-prob (temperature 1). Rd decode rows then Pr prefill rows."""
+    each row samples and its log-prob at the row's temperature (``sample_rows``). Rd decode rows then Pr prefill rows."""
     b, pr, c = spec.decode_rows, spec.prefill_rows, spec.prefill_chunk
     bt = batch.block_tables  # i32[R, M]
     page_t, slot_t = kv_cache.token_destinations(bt, batch.row_t, batch.pos_t, batch.valid_t, spec.page_size)

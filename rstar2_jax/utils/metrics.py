@@ -188,6 +188,8 @@ DEFAULT_PANELS = (
     ("tool_calls_per_traj", "tool calls / trajectory"),
     ("response_len", "mean response tokens"),
     ("truncation_rate", "truncation rate"),
+    ("train/mismatch/abs_mean", "sampler vs trainer mean |Δ log p|"),
+    ("train/mismatch/k3", "sampler vs trainer KL (k3)"),
 )
 
 

@@ -151,3 +151,28 @@ def test_batch_validation(policy):
     with pytest.raises(ValueError, match="micro_batch_size"):
         cfg3 = dataclasses.replace(RLConfig.tiny(), micro_batch_size=3)
         make_train_step(graphdef, cfg3)(state, shard_batch(_batch(), None))
+
+
+def test_mismatch_logged_and_correction_with_trainer_logprobs_is_the_identity(policy):
+    # sampler_logp = the trainer's own recomputed pass (the same jitted program and params as the step's
+    # π_old): mismatch 0, and the token-TIS + geometric-mask correction (behaviour = proximal) is the identity
+    from rstar2_jax.rl.config import CorrectionConfig
+
+    graphdef, params = policy
+    base = _eq_cfg()
+    host = _batch(3)
+    behav = np.asarray(make_logprob_fn(graphdef, base)(params, shard_batch(host, None)))
+    host = {**host, "sampler_logp": behav}
+    out = {}
+    for name, corr in (("off", CorrectionConfig()),
+                       ("on", CorrectionConfig(is_level="token", mask_level="geometric", mask_lo=0.99, mask_hi=1.01))):
+        cfg = dataclasses.replace(base, correction=corr)
+        state = init_train_state(params, cfg, 0)
+        new, m = make_train_step(graphdef, cfg, donate=False)(state, shard_batch(host, None))
+        out[name] = (new, {k: float(v) for k, v in m.items()})
+    m_off, m_on = out["off"][1], out["on"][1]
+    assert m_off["mismatch/abs_max"] < 1e-5 and m_off["mismatch/k3"] < 1e-9, m_off
+    assert "corr/mask_frac" not in m_off and m_on["corr/mask_frac"] == 0.0
+    assert m_on["corr/weight_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert m_on["loss"] == pytest.approx(m_off["loss"], rel=1e-5, abs=1e-7)
+    assert _max_diff(out["on"][0].params, out["off"][0].params) <= 1e-6

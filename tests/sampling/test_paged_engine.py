@@ -84,18 +84,31 @@ def test_greedy_equals_naive_with_mixed_lengths_groups_slots_and_resume(policy):
     eng.page_table.check_invariants()
 
 
-def test_sampler_logprobs_equal_policy_forward_logprobs(policy):
+def test_sampler_logprobs_equal_policy_forward_logprobs_at_the_sampling_temperature(policy):
+    # the engine records log softmax(logits / τ)[token]; the trainer's pass at the same τ gives the same numbers
+    from rstar2_jax.rl.mismatch import mismatch_metrics
+
     mcfg, graphdef, params = policy
     eng = _engine(policy)
     prompt = _prompt(6, 5)
     ids = eng.submit_group(Request(prompt=prompt, key=3, max_new_tokens=12, sampler=Temperature()), 3)
     ids.append(eng.submit(Request(prompt=prompt, key=4, max_new_tokens=12, sampler=TopP(p=0.8, temperature=0.7))))
+    temps = [1.0, 1.0, 1.0, 0.7]
     events = _run(eng)
-    for sid in ids:
+    got, want = [], []
+    for sid, tau in zip(ids, temps):
         ev = events[sid][0]
         full = np.asarray(prompt + ev.tokens, np.int32)[None]
-        ref = token_logprobs(graphdef, params, full[:, :-1], full[:, 1:])[0, len(prompt) - 1:]
+        ref = token_logprobs(graphdef, params, full[:, :-1], full[:, 1:], temperature=tau)[0, len(prompt) - 1:]
         np.testing.assert_allclose(ev.logprobs, ref, atol=1e-4)
+        got.append(np.asarray(ev.logprobs, np.float32))
+        want.append(np.asarray(ref, np.float32))
+    n = max(len(g) for g in got)
+    pad = lambda xs: np.stack([np.pad(x, (0, n - len(x))) for x in xs])  # noqa: E731
+    mask = pad([np.ones_like(g) for g in got])
+    m = {k: float(v) for k, v in mismatch_metrics(pad(got), pad(want), mask).items()}
+    print("fp32 engine vs trainer mismatch:", m)
+    assert m["abs_mean"] < 1e-5 and m["abs_max"] < 1e-4 and abs(m["k3"]) < 1e-9 and abs(m["log_ppl_diff"]) < 1e-5, m
 
 
 def test_same_key_same_samples_whatever_the_slot_and_batch(policy):

@@ -43,13 +43,21 @@ def test_top_p_support_hand_computed():
     assert draw(TopP(p=1.0)) == {0, 1, 2, 3}
 
 
-def test_logprobs_are_the_policy_softmax_at_temperature_one():
+def test_logprobs_are_the_softmax_at_the_sampling_temperature():
     lg = _logits()
-    for s in (Temperature(temperature=0.3), TopK(k=2, temperature=2.0), TopP(p=0.5), Greedy()):
+    # (sampler, τ): log-probs are log_softmax(logits / τ), untruncated by top-k/top-p; greedy at τ = 1
+    for s, tau in ((Temperature(temperature=0.3), 0.3), (TopK(k=2, temperature=2.0), 2.0), (TopP(p=0.5), 1.0),
+                   (Greedy(), 1.0)):
         tok, lp = s.sample(lg, jax.random.key(0))
-        want = jax.nn.log_softmax(lg, -1)[jnp.arange(4), tok]
+        want = jax.nn.log_softmax(lg / tau, -1)[jnp.arange(4), tok]
         np.testing.assert_allclose(lp, want, atol=1e-6)
-        np.testing.assert_allclose(policy_logprobs(lg, tok), want, atol=1e-6)
+        np.testing.assert_allclose(policy_logprobs(lg / tau, tok), want, atol=1e-6)
+
+
+def test_logprobs_at_temperature_one_are_bit_exact_policy_logprobs():
+    lg = _logits()
+    tok, lp = Temperature(temperature=1.0).sample(lg, jax.random.key(3))
+    assert np.array_equal(np.asarray(lp), np.asarray(policy_logprobs(lg, tok)))  # x / 1.0 is exact
 
 
 def test_same_key_same_tokens_different_keys_differ():
