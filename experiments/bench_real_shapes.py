@@ -24,7 +24,8 @@ finite loss, n_kept > 0 and 0 compilations on the second RL step.
     python experiments/bench_real_shapes.py --data ... --layers 2                # the slow test's slice: 6.3 GB, 8 min
 
 Measured (docs/design.md §6.2): the 28-layer run passed 13 GB RSS in its first RL step on this
-machine and was stopped; the plan under-predicts CPU runs by ~2-3 GB (not yet attributed).
+machine and was stopped; the plan under-predicts CPU runs by ~2-3 GB: ``--trace`` puts the peak in the
+update (~1.7 GB of transients the plan has no row for) and shows the step-0 checkpoint's host staging.
 """
 
 from __future__ import annotations
