@@ -2,6 +2,7 @@
 side file, never truncating), TensorBoard events and W&B offline runs, each read back after writing."""
 
 import json
+import time
 import struct
 from pathlib import Path
 
@@ -84,6 +85,11 @@ def test_wandb_offline_run_reads_back(tmp_path, monkeypatch):
     logs.close()
     runs = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
     assert len(runs) == 1
+    # Once in CI (2 xdist workers, load ~4) the run file held no history rows right after finish()
+    # returned, and passed when rerun; W&B's service process writes it, so give it time to land.
+    deadline = time.monotonic() + 60
+    while len(_wandb_history(runs[0])) < len(ROWS) and time.monotonic() < deadline:
+        time.sleep(0.5)
     history = [{k: json.loads(v) for k, v in h.items() if not k.startswith("_")} for h in _wandb_history(runs[0])]
     assert history == [{"sft/sft_step": 1, "sft/loss": 2.5}, {"reward": 0.5, "n_kept": 4, "train/loss": 0.125},
                        {"reward": 0.75, "n_kept": 2, "train/loss": 0.0625}]
