@@ -12,6 +12,7 @@ from rstar2_jax.rl.config import CorrectionConfig, LossConfig, RLConfig
 from rstar2_jax.rl.correction import correction_terms
 from rstar2_jax.rl.loss import policy_loss
 from rstar2_jax.rl.mismatch import mismatch_metrics
+from tests.rl.microbatch import full_and_accumulated
 
 f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
 
@@ -126,11 +127,7 @@ def test_micro_batches_keep_the_full_batch_gradient(corr, mode):
         (s, d), _ = policy_loss(logp, sl(prox), sl(adv), sl(mask), cfg, behav_logp_bt=sl(behav), correction=corr)
         return s, d
 
-    (s_full, d_full), g_full = jax.value_and_grad(lambda w: s_and_d(w, None), has_aux=True)(w)
-    s_acc, d_acc, g_acc = 0.0, 0.0, jnp.zeros_like(w)
-    for k in range(4):
-        (s, d), g = jax.value_and_grad(s_and_d, has_aux=True)(w, 2 * k)
-        s_acc, d_acc, g_acc = s_acc + s, d_acc + d, g_acc + g
+    (s_full, d_full, g_full), (s_acc, d_acc, g_acc) = full_and_accumulated(s_and_d, w)
     assert float(d_full) > 0
     np.testing.assert_allclose(float(s_acc / d_acc), float(s_full / d_full), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.asarray(g_acc / d_acc), np.asarray(g_full / d_full), rtol=1e-5, atol=1e-7)

@@ -14,6 +14,7 @@ import pytest
 from rstar2_jax.rl.config import AGG_MODES, KLEstimator, LossConfig, LossKind, RLConfig
 from rstar2_jax.rl.kl import kl_penalty
 from rstar2_jax.rl.loss import policy_loss
+from tests.rl.microbatch import full_and_accumulated
 
 KINDS = list(LossKind)
 f32 = lambda x: jnp.asarray(x, jnp.float32)  # noqa: E731
@@ -260,11 +261,7 @@ def test_micro_batches_accumulate_exactly(kind, mode):
                                 ref_logp_bt=sl(ref))
         return s, d
 
-    (s_full, d_full), g_full = jax.value_and_grad(lambda w: s_and_d(w, None), has_aux=True)(w)
-    s_acc, d_acc, g_acc = 0.0, 0.0, jnp.zeros_like(w)
-    for k in range(4):
-        (s, d), g = jax.value_and_grad(s_and_d, has_aux=True)(w, 2 * k)
-        s_acc, d_acc, g_acc = s_acc + s, d_acc + d, g_acc + g
+    (s_full, d_full, g_full), (s_acc, d_acc, g_acc) = full_and_accumulated(s_and_d, w)
     np.testing.assert_allclose(float(s_acc / d_acc), float(s_full / d_full), rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.asarray(g_acc / d_acc), np.asarray(g_full / d_full), rtol=1e-5, atol=1e-7)
 
