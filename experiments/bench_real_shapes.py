@@ -43,14 +43,6 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def _status_gb(field: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 2**20
-    return float("nan")
-
-
 def _reset_peak() -> bool:
     """Reset VmHWM to the current RSS (Linux >= 4.0: ``echo 5 > /proc/self/clear_refs``)."""
     try:
@@ -162,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax.sandbox.backend import open_pool
     from rstar2_jax.sft import SFTConfig
     from rstar2_jax.utils.bench import Metric, report
+    from rstar2_jax.utils.rss import rss_gb
 
     compile_s = [0.0]
 
@@ -198,13 +191,13 @@ def main(argv: list[str] | None = None) -> int:
         examples = render_records([record], tok, tpl)
         sft_len = -(-len(examples[0][0]) // 64) * 64
         reward_fn = RewardFn(pool=pool).batch
-        baseline_gb = _status_gb("VmRSS")  # before the model: interpreter, JAX, tokenizer, pool client
+        baseline_gb = rss_gb("VmRSS")  # before the model: interpreter, JAX, tokenizer, pool client
         t0 = time.perf_counter()
         graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(0)))
         params = distributed.global_params(params, mesh)
         jax.block_until_ready(params)
         results["init_s"] = time.perf_counter() - t0
-        results["init_rss_gb"] = _status_gb("VmRSS")
+        results["init_rss_gb"] = rss_gb("VmRSS")
         rl_cfg = RLConfig(roc=RocConfig(keep_per_group=2), optim=OptimConfig(lr=1e-6, warmup_steps=0))
         max_seq = seq_len + 64
         pages = args.kv_pages or 2 * args.problems * -(-max_seq // 16) + 1
@@ -216,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
         resets = [_reset_peak()]
 
         def make_rollout():
-            phase_peaks["sft"] = _status_gb("VmHWM")  # SFT's peak (the driver builds the rollout right after)
+            phase_peaks["sft"] = rss_gb("VmHWM")  # SFT's peak (the driver builds the rollout right after)
             print(f"SFT phase: peak RSS {phase_peaks['sft']:.2f} GB", flush=True)
             resets.append(_reset_peak())
             placement = plan_placement(placement_cfg, mcfg, jax.devices()[:1])
@@ -247,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             print(trace.table(), flush=True)
             results["rss_trace"] = [dataclasses.asdict(c) for c in trace.calls]
         results["run_s"] = time.perf_counter() - t0
-        phase_peaks["rl"] = _status_gb("VmHWM")
+        phase_peaks["rl"] = rss_gb("VmHWM")
         dev_stats = jax.devices()[0].memory_stats() or {}
     rows = rl_rows(res.rows)
     sft_rows = [r for r in res.rows if r.get("stage") == "sft"]
