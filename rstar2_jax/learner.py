@@ -227,7 +227,14 @@ class Learner:
             if pad:
                 batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype) + (
                     self.pad_id if k in ("tokens", "targets") else 0)]) for k, v in batch.items()}
-        if self.cfg.rl.old_logp_source == "recompute":
+        rl = self.cfg.rl
+        if rl.old_logp_source == "sampler" or rl.correction.enabled:  # π_old or π_behav from the sampler
+            unknown = int((~np.isfinite(batch["old_logp"]) & (batch["loss_mask"] > 0)).sum())
+            if unknown:
+                raise ValueError(f"{unknown} trained tokens have no sampler log-prob (a scripted policy's tokens "
+                                 f"were not drawn by the engine): old_logp_source={rl.old_logp_source!r}, "
+                                 f"correction={rl.correction.enabled} need them; use 'recompute', correction off")
+        if rl.old_logp_source == "recompute":
             batch["sampler_logp"] = batch.pop("old_logp")
         return batch
 

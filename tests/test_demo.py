@@ -114,3 +114,4 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path):
     rl = [r for r in want if r.get("stage") == "rl" and "reward" in r]
     assert len(rl) == 4 and all(r["n_kept"] > 0 and r["train/update_norm"] > 0 for r in rl)  # updating steps
     assert all(r["train/kl"] > 0 for r in rl[1:]) and (tmp_path / "killed" / "reference").is_dir()  # KL to pi_ref ran
+    assert all(r["train/mismatch/coverage"] == 0.0 for r in rl)  # scripted tokens: no sampler log-probs to compare

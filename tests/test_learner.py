@@ -104,6 +104,7 @@ def test_roc_keeps_g_of_mixed_groups_updates_and_matches_golden(mode, pool):
             step, step, 0)
         assert rollout.version == learner.version == step + 1
         assert metrics["train/mismatch/abs_max"] >= 0  # logged every step (the scripted engine's log-probs are 0)
+        assert metrics["train/mismatch/coverage"] == 1.0
     assert rows[1]["compiles"] == 0  # the update is compiled once
     # the dispatcher lives across steps: the second batch's length model starts from the first's lengths
     assert (rows[0]["length_model_n"], rows[1]["length_model_n"]) == (16, 16 + 16)
@@ -114,6 +115,27 @@ def test_roc_keeps_g_of_mixed_groups_updates_and_matches_golden(mode, pool):
             _close(v, got[k], f"{mode}:{k}")
     psum = float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree_util.tree_leaves(learner.params)))
     assert psum == pytest.approx(gold["param_abs_sum"], rel=1e-6)
+
+
+@pytest.mark.parametrize("source", ["recompute", "sampler"])
+def test_unknown_sampler_logprobs_are_left_out_or_refused(source, pool):
+    # a scripted policy's tokens were not drawn: their sampler log-probs are NaN
+    cfg = ModelConfig.tiny(vocab_size=TOK.vocab_size)
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    rl = RLConfig(roc=RocConfig(keep_per_group=2), optim=OptimConfig(lr=1e-3, warmup_steps=0),
+                  logprob_chunk_size=64, old_logp_source=source)
+    rcfg = RolloutConfig(n_samples=4, budget=300, template=TemplateConfig.toy(report_exec_time=False))
+    rollout = Rollout([ScriptedEngine(TOK, script, logprob=math.nan)], pool, TOK, rcfg)
+    learner = Learner(graphdef, init_train_state(params, rl, 0), LearnerConfig(rl=rl, seq_len=512, rows=6),
+                      pad_id=TOK.pad_id)
+    rollout.sync(learner.params, version=learner.version)
+    if source == "sampler":  # π_old would be NaN: a clear error, not a NaN loss
+        with pytest.raises(ValueError, match="trained tokens have no sampler log-prob"):
+            rl_step(rollout, learner, RewardFn(pool=pool).batch, PROBLEMS, seed=0)
+        return
+    metrics, _ = rl_step(rollout, learner, RewardFn(pool=pool).batch, PROBLEMS, seed=0)
+    assert metrics["n_kept"] > 0 and math.isfinite(metrics["train/loss"])
+    assert metrics["train/mismatch/coverage"] == 0.0 and metrics["train/mismatch/k3"] == 0.0  # nothing compared
 
 
 def test_positive_tool_error_rate():

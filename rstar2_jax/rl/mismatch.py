@@ -14,12 +14,13 @@ import jax.numpy as jnp
 
 from rstar2_jax.rl.segments import effective_mask, seq_sum
 
-MISMATCH_KEYS = ("abs_mean", "abs_max", "k3", "log_ppl_diff")
+MISMATCH_KEYS = ("abs_mean", "abs_max", "k3", "log_ppl_diff", "coverage")
 
 
 def mismatch_metrics(sampler_logp_bt: jax.Array, trainer_logp_bt: jax.Array, mask_bt: jax.Array,
                      segment_ids_bt: jax.Array | None = None, *, clamp: float = 20.0) -> dict[str, jax.Array]:
-    """fp32 scalars over the trained tokens (m = 1; [B,T] inputs, packed rows via ``segment_ids_bt``).
+    """fp32 scalars over the trained tokens whose sampler log-prob is known (m = 1: in the loss mask
+    and finite; a scripted policy's tokens carry NaN), [B,T] inputs, packed rows via ``segment_ids_bt``.
 
     With δ_t = clamp(log π_train(y_t) - log π_samp(y_t), ±``clamp``), |y_i| = Σ_t m_{i,t}:
       abs_mean     = Σ m |δ| / Σ m
@@ -29,10 +30,14 @@ def mismatch_metrics(sampler_logp_bt: jax.Array, trainer_logp_bt: jax.Array, mas
       log_ppl_diff = mean_i [ -(1/|y_i|) Σ_t m log π_train + (1/|y_i|) Σ_t m log π_samp ]
                    = mean_i -(1/|y_i|) Σ_t m δ                   log-perplexity of the trainer minus the
                                                                  sampler's, over sequences with a trained token
+      coverage     = Σ m / Σ mask                                the trained tokens that count (1 when sampled)
     (verl ``rollout_corr``'s ``log_ppl_diff`` has the same sign: rollout mean log-prob minus training's.)
     """
-    m = effective_mask(mask_bt, segment_ids_bt)
-    d = jnp.clip(trainer_logp_bt.astype(jnp.float32) - sampler_logp_bt.astype(jnp.float32), -clamp, clamp)
+    trained = effective_mask(mask_bt, segment_ids_bt)
+    known = jnp.isfinite(sampler_logp_bt)
+    m = jnp.where(known, trained, 0.0)
+    d = jnp.where(known, trainer_logp_bt.astype(jnp.float32) - jnp.where(known, sampler_logp_bt, 0.0), 0.0)
+    d = jnp.clip(d.astype(jnp.float32), -clamp, clamp)
     n = jnp.maximum(jnp.sum(m), 1.0)
     n_i = seq_sum(m, segment_ids_bt)
     per_seq = -seq_sum(d * m, segment_ids_bt) / jnp.maximum(n_i, 1.0)
@@ -42,4 +47,5 @@ def mismatch_metrics(sampler_logp_bt: jax.Array, trainer_logp_bt: jax.Array, mas
         "abs_max": jnp.max(jnp.where(m > 0, jnp.abs(d), 0.0)),
         "k3": jnp.sum((jnp.exp(d) - 1.0 - d) * m) / n,
         "log_ppl_diff": jnp.sum(per_seq * has) / jnp.maximum(jnp.sum(has), 1.0),
+        "coverage": jnp.sum(m) / jnp.maximum(jnp.sum(trained), 1.0),
     }

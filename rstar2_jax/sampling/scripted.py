@@ -4,9 +4,10 @@
 Each turn the real engine decodes exactly as many tokens as ``script(prompt, child, turn)`` returns
 (KV pages, slots, prefill/extend chunks, tool pauses and preemption all real); the stop event then
 carries the script's ids, with reason ``stop_token`` (a turn cut by the budget: its first ids, with
-the engine's reason; ``cut`` may be overridden). The sampler log-probs it reports are the real
-engine's for the tokens it drew, not for the script's: train on such rollouts with
-``old_logp_source="recompute"``.
+the engine's reason; ``cut`` may be overridden). The script's tokens were not drawn by the engine,
+so their sampler log-probs are unknown: the events carry NaN, the mismatch metric leaves those tokens
+out (``train/mismatch/coverage`` = 0), and the learner refuses ``old_logp_source="sampler"`` and
+rollout correction on them (train with ``"recompute"``, correction off).
 
 A trajectory that a dispatcher migrated arrives either with its K/V (``import_seq``: the export
 carries the script position) or as a one-sample group whose prompt is its whole context so far;
@@ -21,10 +22,16 @@ rollout -> score -> RoC -> update path runs for real.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Sequence
 
 from rstar2_jax.sampling.engine import PagedEngine
 from rstar2_jax.sampling.interface import EngineStats, Placed, Request, StopEvent
+
+def _unknown(n: int) -> list[float]:
+    """Sampler log-probs of ``n`` scripted tokens: NaN, the engine did not draw them."""
+    return [math.nan] * n
+
 
 Script = Callable[[tuple[int, ...], int, int], Sequence[int]]  # (prompt ids, child index, turn) -> ids
 Locate = Callable[[tuple[int, ...]], "tuple[tuple[int, ...], int, int] | None"]
@@ -113,14 +120,14 @@ class ScriptedPolicy:
         for ev in self.engine.step():
             ids = self._state[ev.seq_id][3]
             if len(ev.tokens) == len(ids):
-                out.append(StopEvent(ev.seq_id, list(ids), ev.logprobs, "stop_token", ids[-1]))
+                out.append(StopEvent(ev.seq_id, list(ids), _unknown(len(ids)), "stop_token", ids[-1]))
             else:  # the budget cut the turn
                 out.append(self.cut(ids, ev))
         return out
 
     def cut(self, ids: list[int], ev: StopEvent) -> StopEvent:
         """The event of a scripted turn ``ids`` that the engine stopped early (``ev``)."""
-        return StopEvent(ev.seq_id, list(ids[: len(ev.tokens)]), ev.logprobs, ev.reason)
+        return StopEvent(ev.seq_id, list(ids[: len(ev.tokens)]), _unknown(len(ev.tokens)), ev.reason)
 
     def has_work(self) -> bool:
         return self.engine.has_work()

@@ -145,8 +145,19 @@ def test_mismatch_metrics_by_hand():
     assert m["k3"] == pytest.approx(k3, rel=1e-4) and m["k3"] == pytest.approx(0.0157196, rel=1e-4)
     # log-ppl diff per sequence -mean δ: row 0 -(0.1 - 0.2)/2 = 0.05, row 1 -(0.3 - 0.1)/3 = -0.0666667; mean -0.0083333
     assert m["log_ppl_diff"] == pytest.approx(-0.0083333, rel=1e-4)
+    assert m["coverage"] == 1.0  # every trained token was sampled
     zero = mismatch_metrics(f32(samp), f32(samp), f32(MASK))
-    assert all(float(v) == 0.0 for v in zero.values())
+    assert all(float(v) == 0.0 for k, v in zero.items() if k != "coverage")
+    # unknown sampler log-probs (a scripted policy's tokens: NaN) are left out, the rest is unchanged:
+    # NaN at row 0's 5.0 (masked anyway) and row 1's 0.3 -> δ over [0.1, -0.2, 0.0, -0.1]
+    samp_nan = samp.copy()
+    samp_nan[0, 2] = samp_nan[1, 1] = np.nan
+    part = {k: float(v) for k, v in mismatch_metrics(f32(samp_nan), f32(samp + d), f32(MASK)).items()}
+    assert part["abs_mean"] == pytest.approx((0.1 + 0.2 + 0.0 + 0.1) / 4, rel=1e-5)  # 0.1
+    assert part["abs_max"] == pytest.approx(0.2, rel=1e-5) and part["coverage"] == pytest.approx(4 / 5)
+    assert all(math.isfinite(v) for v in part.values())
+    none = mismatch_metrics(f32(np.full_like(samp, np.nan)), f32(samp), f32(MASK))
+    assert all(float(v) == 0.0 for v in none.values())  # a fully scripted batch: nothing to compare
 
 
 def test_correction_config_validation_and_default_off():

@@ -28,8 +28,9 @@ class ScriptedEngine:
 
     def __init__(self, tokenizer, script: Callable[[list[int], int, int], str], *, honor_stops: bool = True,
                  num_pages: int = 1024, page_size: int = 16, max_seq_len: int = 4096, num_slots: int = 0,
-                 step_s: float = 0.0):
+                 step_s: float = 0.0, logprob: float = -0.5):
         self.tok, self.script, self.honor_stops, self.step_s = tokenizer, script, honor_stops, step_s
+        self.logprob = logprob  # every emitted token's sampler log-prob (NaN: not drawn, as ScriptedPolicy's)
         self.cfg = _Cfg(page_size, max_seq_len, num_slots)
         self.num_pages = num_pages
         self._seqs: dict[int, dict] = {}
@@ -96,7 +97,7 @@ class ScriptedEngine:
             if len(ids) > s["max_new"]:
                 ids, reason = ids[: s["max_new"]], "max_new_tokens"
             s["tokens"].extend(ids)
-            events.append(StopEvent(sid, ids, [-0.5] * len(ids), reason))
+            events.append(StopEvent(sid, ids, [self.logprob] * len(ids), reason))
         self._active = []
         return events
 
