@@ -16,8 +16,9 @@ Per device, in two phases (SFT: the trainer alone; RL: the trainer and the engin
   the train state's and the initial params that ``run.driver`` keeps (``Parts.params``; the train
   state starts from a copy because the update donates it).
 * **gradients**: the update's fp32 accumulator (``rl/train_step._accumulate``) plus one micro-batch's
-  gradient in param_dtype, sharded like the parameters; plus one vocabulary-sized fp32 buffer
-  (V x D x 4, the embedding gradient's gather scatter; docs/design.md §6.1) per tensor shard.
+  gradient in param_dtype, sharded like the parameters; plus the vocabulary-sized tables' extra
+  buffers per tensor shard (:func:`vocab_grad_bytes` per V x D element: the lookup's fp32 scatter,
+  docs/design.md §6.1, and with 16-bit params the head's fp32 gradient and casts; XLA's plan).
 * **optimizer state**: AdamW's two moments in param_dtype (optax keeps them in the params' dtype).
 * **layer-stack copies**: with ``scan_layers`` the stacked ``[L, ...]`` layer params and their
   gradients (two transient copies of the layer weights, laid out like the params).
@@ -30,7 +31,9 @@ Per device, in two phases (SFT: the trainer alone; RL: the trainer and the engin
   and its gradient in fp32; s and w in the compute dtype. Basis (docs/design.md §6.1, XLA's plan at
   0.6B dims in fp32): full 3.0 KiB (formula 4.0), dots 47.0 KiB (formula 48.0), none 150.5 KiB
   (3.14 x 48.0, hence the factor). Blockwise attention adds O(b N block^2) per layer (counted in w
-  through the 3.14 factor at T >> block); dense attention adds b N T^2 x 4 per layer in w.
+  through the 3.14 factor at T >> block); dense attention adds b N T^2 x 4 per layer in w. An
+  unrolled stack (``scan_layers=False``, L > 1) counts s = w whatever the remat policy: XLA's plan of
+  it is the same for full, dots and none (only the scanned stack is rematerialised; §6.2).
 * **engines' weights**: P x bytes(engine weight dtype) / TP per engine device.
 * **engines' K/V pool**: ``kv_memory_gb`` per engine, split over its TP devices.
 * **runtime**: a fixed allowance (0 on accelerators: their limit is what XLA may allocate; the
@@ -108,6 +111,16 @@ def act_elems_per_token_per_layer(cfg: ModelConfig) -> tuple[float, float]:
     return kept, NONE_FACTOR * dots
 
 
+def vocab_grad_bytes(cfg: ModelConfig) -> float:
+    """Bytes per element of a V x D table that the update holds beyond P (4 + bytes(param_dtype)):
+    the lookup's fp32 scatter-add and, with 16-bit params, the head's fp32 gradient from the chunked
+    log-prob scan and their casts. XLA's plan at 0.6B dims (``python -m rstar2_jax.plan_xla``): bf16
+    10.5 tied / 8.5 untied; fp32 0.5 / 0 (counted as 4, the earlier estimate: conservative)."""
+    if _ITEMSIZE[cfg.param_dtype] >= 4:
+        return 4.0
+    return 10.5 if cfg.tie_embeddings else 8.5
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class PlanInput:
     """What the plan needs of a run (``from_recipe`` fills it from a ``RecipeConfig``)."""
@@ -155,7 +168,7 @@ def _phase(inp: PlanInput, phase: str, micro_rows: int | None = None) -> dict[st
     out = dict.fromkeys(ROWS, 0.0)
     copies = 1 + inp.initial_copy + (inp.reference_copy and phase == "rl")
     out["parameters"] = copies * total * pb / shards
-    out["gradients"] = total * (4 + pb) / shards + m.vocab_size * m.hidden_size * 4 / tp
+    out["gradients"] = total * (4 + pb) / shards + m.vocab_size * m.hidden_size * vocab_grad_bytes(m) / tp
     out["optimizer state"] = 2 * total * pb / shards
     if m.scan_layers and m.num_layers > 1:
         out["layer-stack copies"] = 2 * m.num_layers * per_layer * pb / shards
@@ -164,7 +177,9 @@ def _phase(inp: PlanInput, phase: str, micro_rows: int | None = None) -> dict[st
     micro = micro_rows or micro or rows
     b = math.ceil(micro / (data * fsdp))  # rows per device
     kept, work = act_elems_per_token_per_layer(m)
-    kept_bytes = kept * cb / (1 if m.remat == "full" else tp)  # the residual stream is replicated over tensor
+    unrolled = not m.scan_layers and m.num_layers > 1  # XLA keeps every layer's activations, whatever remat
+    kept = work if unrolled else kept
+    kept_bytes = kept * cb / (1 if m.remat == "full" and not unrolled else tp)  # residual stream: replicated
     work_bytes = work * cb / tp
     attn = (m.num_heads / tp) * (t if m.attention_impl == "dense" else 0) * 4  # dense: fp32 scores, T^2 per row
     out["activations / micro-batch"] = (b * t * (m.num_layers * kept_bytes + work_bytes + attn)

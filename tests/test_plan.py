@@ -135,3 +135,24 @@ def test_cli_prints_the_table_for_the_14b_config(capsys):
     out = capsys.readouterr().out
     assert "14.77 B params" in out and "64 devices (8 processes x 8)" in out and "fsdp 8 x tensor 8" in out
     assert rc == (0 if "fits (peak" in out else 1)
+
+
+@pytest.mark.parametrize("scan", [True, False])
+def test_update_rows_match_xla_own_plan_at_real_widths(scan):
+    # Qwen3-0.6B's widths (D 1024, heads 16/8 x 128, F 3072, tied), 2 layers, a 32K vocabulary, bf16:
+    # the formula's gradients + layer-stack + activation rows against the compiled update's temp bytes
+    # (compile only, nothing allocated). Unrolled, XLA keeps every layer's activations (plan: s = w).
+    import dataclasses
+
+    from rstar2_jax.plan_xla import xla_plan
+    from rstar2_jax.rl import RLConfig
+
+    m = dataclasses.replace(PRESETS["Qwen3-0.6B"], num_layers=2, vocab_size=32768, dtype="bfloat16",
+                            param_dtype="bfloat16", scan_layers=scan, max_position_embeddings=4096)
+    inp = _tiny_input(model=m, rl_rows=2, rl_seq_len=512, rl_chunk=128, engine_weight_dtype="bfloat16")
+    rl = make_plan(inp).phases["rl"]
+    formula = rl["gradients"] + rl["layer-stack copies"] + rl["activations / micro-batch"]
+    xla = xla_plan(m, RLConfig(logprob_chunk_size=128), rows=2, seq_len=512)
+    assert 0.85 <= formula / xla["update"].temp <= 1.15, (formula / GB, xla["update"].temp / GB)  # 0.93 / 1.06
+    assert xla["update"].alias == xla["update"].argument - 2 * 512 * 4 * 4 - 2 * 4  # the state updated in place
+    assert 0 < xla["logprobs"].temp < xla["update"].temp

@@ -258,6 +258,7 @@ def make_logprob_fn(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
             return jitted(params, batch)
         with jax.set_mesh(mesh):
             return jitted(params, batch)
+    call.jitted = jitted  # the program itself (``plan_xla`` lowers it on abstract shapes)
     return call
 
 

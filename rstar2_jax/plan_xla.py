@@ -1,0 +1,115 @@
+"""XLA's own account of the RL update's memory, compiled on abstract shapes (nothing is allocated).
+
+``plan.py``'s rows are a formula; this compiles, for one device, the programs an RL step runs:
+
+* ``update``: the GRPO-RoC train step (``rl.train_step.train_step``, the state donated as the learner
+  donates it) on a ``[rows, T]`` batch;
+* ``logprobs``: the π_old recompute pass (``make_logprob_fn``'s program) on the same batch,
+
+and returns each program's ``compiled.memory_analysis()``: argument, output, alias (outputs written
+into donated arguments) and temp bytes. While a program runs a device holds about
+``argument + output - alias + temp`` of its buffers (:attr:`XlaMemory.peak`) beside what lives outside
+it (the engines, the kept initial params); ``temp`` is what the plan's gradients, layer-stack and
+activation rows estimate. A CPU process holds more than XLA's plan: the allocator keeps freed buffers,
+and the runtime's share is the plan's ``runtime`` row.
+
+    python -m rstar2_jax.plan_xla --model Qwen3-0.6B --layers 2 --rows 2 --seq-len 640
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+
+GB = 2**30
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class XlaMemory:
+    """One compiled program's buffers, bytes on one device (``compiled.memory_analysis()``)."""
+
+    argument: int
+    output: int
+    alias: int
+    temp: int
+
+    @property
+    def peak(self) -> int:
+        """Live while the program runs: its inputs, its outputs not written in place, its temporaries."""
+        return self.argument + self.output - self.alias + self.temp
+
+    @classmethod
+    def of(cls, compiled) -> "XlaMemory":
+        m = compiled.memory_analysis()
+        return cls(argument=int(m.argument_size_in_bytes), output=int(m.output_size_in_bytes),
+                   alias=int(m.alias_size_in_bytes), temp=int(m.temp_size_in_bytes))
+
+
+def rl_batch_spec(rows: int, seq_len: int) -> dict:
+    """``ShapeDtypeStruct``s of an unpacked RL batch (``learner.trajectories_to_batch`` less ``versions``)."""
+    import jax
+    import jax.numpy as jnp
+
+    bt = (rows, seq_len)
+    return {"tokens": jax.ShapeDtypeStruct(bt, jnp.int32), "targets": jax.ShapeDtypeStruct(bt, jnp.int32),
+            "loss_mask": jax.ShapeDtypeStruct(bt, jnp.float32), "old_logp": jax.ShapeDtypeStruct(bt, jnp.float32),
+            "advantages": jax.ShapeDtypeStruct((rows,), jnp.float32)}
+
+
+def xla_plan(model_cfg, rl_cfg, *, rows: int, seq_len: int) -> dict[str, XlaMemory]:
+    """Compile the RL step's programs for the default device on abstract params of ``model_cfg``
+    (a ``ModelConfig``) and ``rl_cfg`` (an ``RLConfig``): ``{"update": ..., "logprobs": ...}``."""
+    import jax
+    from flax import nnx
+
+    from rstar2_jax.model import Qwen3
+    from rstar2_jax.rl.checkpoint import abstract_train_state
+    from rstar2_jax.rl.train_step import make_logprob_fn, train_step
+
+    graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen3(model_cfg, rngs=nnx.Rngs(0))))
+    state = abstract_train_state(params, rl_cfg)
+    batch = rl_batch_spec(rows, seq_len)
+    update = jax.jit(functools.partial(train_step, graphdef=graphdef, cfg=rl_cfg), donate_argnums=(0,))
+    out = {"update": XlaMemory.of(update.lower(state, batch).compile())}
+    logp = make_logprob_fn(graphdef, rl_cfg).jitted
+    out["logprobs"] = XlaMemory.of(logp.lower(state.params, batch).compile())
+    return out
+
+
+def table(plans: dict[str, XlaMemory]) -> str:
+    lines = [f"  {'program (GB per device)':<26}{'argument':>10}{'output':>10}{'alias':>10}{'temp':>10}{'peak':>10}"]
+    for name, m in plans.items():
+        lines.append(f"  {name:<26}" + "".join(f"{v / GB:>10.2f}" for v in (m.argument, m.output, m.alias, m.temp,
+                                                                             m.peak)))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="Qwen3-0.6B", help="a plan.PRESETS name")
+    ap.add_argument("--layers", type=int, default=None, help="keep the first N layers (default: all)")
+    ap.add_argument("--dtype", default="bfloat16", help="params and compute")
+    ap.add_argument("--scan", action="store_true", help="scan the layer stack (default: unrolled)")
+    ap.add_argument("--rows", type=int, default=2, help="RL train rows (one device)")
+    ap.add_argument("--seq-len", type=int, default=640, help="T of a train row")
+    ap.add_argument("--micro-batch", type=int, default=None, help="RLConfig.micro_batch_size (default: all rows)")
+    ap.add_argument("--chunk", type=int, default=128, help="RLConfig.logprob_chunk_size")
+    args = ap.parse_args(argv)
+    from rstar2_jax.plan import PRESETS
+    from rstar2_jax.rl import RLConfig
+
+    base = PRESETS[args.model]
+    mcfg = dataclasses.replace(base, num_layers=args.layers or base.num_layers, dtype=args.dtype,
+                               param_dtype=args.dtype, scan_layers=args.scan,
+                               max_position_embeddings=max(base.max_position_embeddings, args.seq_len))
+    rl = RLConfig(micro_batch_size=args.micro_batch, logprob_chunk_size=args.chunk)
+    print(f"XLA's plan: {args.model} x {mcfg.num_layers} layers, {args.dtype}, scan {args.scan}, RL batch "
+          f"{args.rows} x {args.seq_len}, micro-batch {args.micro_batch or args.rows}, chunk {args.chunk}")
+    print(table(xla_plan(mcfg, rl, rows=args.rows, seq_len=args.seq_len)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
