@@ -24,8 +24,10 @@ finite loss, n_kept > 0 and 0 compilations on the second RL step.
     python experiments/bench_real_shapes.py --data ... --layers 2                # the slow test's slice: 6.3 GB, 8 min
 
 Measured (docs/design.md §6.2): the 28-layer run passed 13 GB RSS in its first RL step on this
-machine and was stopped; the plan under-predicts CPU runs by ~2-3 GB: ``--trace`` puts the peak in the
-update (~1.7 GB of transients the plan has no row for) and shows the step-0 checkpoint's host staging.
+machine and was stopped; ``--trace`` puts the peak in the update and shows the step-0 checkpoint's host
+staging. Since ``rstar2_jax.plan_xla`` split the update's transients (the vocabulary tables' extra
+gradient buffers with bf16 params, the unrolled stack's activations) the plan is 0.85x the 2-layer
+slice's measured peak (6.31 GB).
 """
 
 from __future__ import annotations
