@@ -19,8 +19,8 @@ then pushes the weights in ``sync_s`` seconds (the learner is busy; the engines 
   under; appended tool tokens carry none). A group goes to the learner as soon as its 2G
   trajectories finish; the learner takes the first ``B`` finished groups (finish order, any batch).
   A sample whose oldest token is more than ``k`` versions behind the learner's version ``u`` at the
-  update is dropped and counted (``stale="drop"``; not replaced: the update trains fewer samples),
-  or trained and counted as partial (``stale="keep"``).
+  update is dropped and counted (``stale="drop"``: the group trains the rest; a group left empty
+  does not count towards ``B``), or trained and counted as partial (``stale="keep"``).
 
 Placement is the caller's: the engines given here are the rollout devices, ``train_s`` the learner's
 time on its own devices (``testing.paper_scale`` splits 64 accelerators and scales ``train_s``).
@@ -123,6 +123,8 @@ class AsyncSimulator(Simulator):
         self.paused = False
         self.learner_busy = False
         self.ready: deque[int] = deque()  # finished groups, finish order
+        self.forming: list[tuple[SimLiveGroup, list[SimSeq]]] = []  # the next update's groups, kept samples
+        self.cur = [0, 0]  # the next update's dropped, partial samples so far
         self.marks: dict[SimSeq, list[tuple[int, float]]] = {}  # sample -> (version, sampled tokens at switch)
         self.oldest: dict[SimSeq, tuple[int, dict[int, float]]] = {}  # finished: oldest version, tokens/version
         self.paused_s = [0.0] * n_engines
@@ -204,30 +206,37 @@ class AsyncSimulator(Simulator):
         self.admit(now)
 
     def try_train(self, now: float) -> None:
-        if self.learner_busy or len(self.ready) < self.B or len(self.hist) >= self.n_updates:
+        """The idle learner takes finished groups (finish order) until it has ``B`` with a kept
+        sample, then updates. It is idle, so ``u = lv`` is the version its update starts from."""
+        if self.learner_busy or len(self.hist) >= self.n_updates:
             return
         u, k = self.lv, self.cfg.max_staleness
-        hist: dict[int, float] = {}
-        dropped = partial = trained = 0
-        tokens = 0.0
-        for _ in range(self.B):
+        while len(self.forming) < self.B and self.ready:
             g = self.gs[self.ready.popleft()]
-            for s in g.seqs:
-                v0, per = self.oldest[s]
-                if u - v0 > k:
-                    if self.cfg.stale == "drop":
-                        dropped += 1
-                        continue
-                    partial += 1
-                trained += 1
+            stale = [u - self.oldest[s][0] > k for s in g.seqs]
+            if self.cfg.stale == "drop":
+                self.cur[0] += sum(stale)  # every stale sample dropped; a group left empty does not count
+                kept = [s for s, x in zip(g.seqs, stale) if not x]
+            else:
+                self.cur[1] += sum(stale)
+                kept = list(g.seqs)
+            if kept:
+                self.forming.append((g, kept))
+        if len(self.forming) < self.B:
+            return
+        hist: dict[int, float] = {}
+        tokens = 0.0
+        for g, kept in self.forming:
+            for s in kept:
                 tokens += g.prompt_len + s.spec.tokens
-                for v, n in per.items():
+                for v, n in self.oldest[s][1].items():
                     hist[u - v] = hist.get(u - v, 0.0) + n
         self.hist.append(dict(sorted(hist.items())))
-        self.dropped.append(dropped)
-        self.partial.append(partial)
-        self.trained.append(trained)
+        self.dropped.append(self.cur[0])
+        self.partial.append(self.cur[1])
+        self.trained.append(sum(len(kept) for _, kept in self.forming))
         self.tokens.append(tokens)
+        self.forming, self.cur = [], [0, 0]
         dt = self.cfg.train_s + self.cfg.train_s_per_token * tokens
         self.learner_busy = True
         self.train_busy += dt
