@@ -29,7 +29,8 @@ Outputs (``AsyncResult``), over a window of ``window_steps`` updates after ``war
 trained samples/s and tokens/s, per update a token-weighted staleness histogram (learner version
 minus each sampled token's version), dropped and partial counts, trainer idle seconds (window wall
 minus train and sync) and engine seconds busy (a sequence in a slot, stepping), paused (sync) and
-starved (nothing in a slot); busy + paused + starved = engines x window wall.
+starved (nothing in a slot); busy + paused + starved = engines x window wall (colocated, the
+starved seconds include the devices' training).
 
 Approximations (named), beyond ``admission.simulate``'s: training time is affine in trained tokens
 (no per-sample padding or micro-batch rounding); the weight push costs the same ``sync_s`` whatever

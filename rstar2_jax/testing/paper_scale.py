@@ -103,7 +103,7 @@ def run(p: PaperScale, k: int, engine_devices: int, seed: int = 0, stale: str = 
 
 
 def paper_scale_speedup(p: PaperScale = PaperScale(), ks: tuple[int, ...] = (1, 2),
-                        engine_devices: tuple[int, ...] = (4, 5, 6, 7), seed: int = 0) -> dict:
+                        engine_devices: tuple[int, ...] = (4, 5, 6), seed: int = 0) -> dict:
     """Trained samples/s of asynchronous (disjoint, each ``k`` and engine split of the slice's devices)
     over synchronous (colocated). Returns ``{"sync": result, (k, n): (speedup, result), "best": {k: (n, speedup)}}``."""
     sync = run(p, 0, p.devices // p.slice, seed)

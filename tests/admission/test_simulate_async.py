@@ -129,3 +129,18 @@ def test_idle_adds_up_and_sync_pauses_every_engine():
     assert r.engine_paused_s == pytest.approx(2 * 4 * 0.3)
     assert r.trainer_idle_s == pytest.approx(r.window_s - 4 * (0.3 + 0.8) - 0.002 * r.tokens_per_s * r.window_s)
     assert 0 < r.engine_busy_s < 2 * r.window_s
+
+
+def test_paper_scale_costs_are_the_stated_ones():
+    from rstar2_jax.testing.paper_scale import PaperScale
+
+    p = PaperScale()
+    e = p.engine()
+    # 14.77e9 params x 2 B / 4.8e12 B/s = 6.154 ms + 1 ms host; a row 2 x 14.77e9 / (989e12 x 0.5) = 59.73 us;
+    # K/V 40 layers x 8 heads x 128 x (K, V) x 2 B = 163,840 B a token: 34.13 us per 1000; 40e9 / 163,840 / 16 pages
+    assert e.step_s_fixed == pytest.approx(7.154e-3, rel=1e-3) and e.step_s_per_row == pytest.approx(59.73e-6, rel=1e-3)
+    assert e.step_s_per_kctx == pytest.approx(34.13e-6, rel=1e-3) and e.usable_pages == 15258
+    assert e.step_s_chunk == pytest.approx(511 * 59.73e-6, rel=1e-3)
+    # 0.5 (RoC's G of 2G) x 10 x 14.77e9 FLOPs / (16 devices x 989e12 x 0.4) = 11.67 us per token of a finished group
+    assert p.train_s_per_token(16) == pytest.approx(11.67e-6, rel=1e-3)
+    assert p.workload().n_problems == 16 and p.devices // p.slice == 8
