@@ -63,7 +63,7 @@ class PaperScale:
     sync_s: float = 3.0
     slice: int = 8  # simulate devices / slice devices and problems / slice problems per step
     warmup_steps: int = 2
-    window_steps: int = 3
+    window_steps: int = 6
 
     def engine(self) -> SimEngine:
         row = 2 * self.params / (self.peak_flops * self.decode_mfu)
