@@ -70,7 +70,8 @@ class PaperScale:
         return SimEngine(num_slots=self.num_slots, usable_pages=int(self.kv_pool_bytes / self.kv_bytes_per_token) // 16,
                          page_size=16, prefill_chunk=self.prefill_chunk,
                          step_s_fixed=2 * self.params / self.hbm_bps + self.host_step_s, step_s_per_row=row,
-                         step_s_chunk=(self.prefill_chunk - 1) * row, step_s_per_kctx=1e3 * self.kv_bytes_per_token / self.hbm_bps)
+                         step_s_chunk=(self.prefill_chunk - 1) * row,
+                         step_s_per_kctx=1e3 * self.kv_bytes_per_token / self.hbm_bps)
 
     def train_s_per_token(self, learner_devices: int) -> float:
         """Seconds per token of a finished group (``trained_frac`` of them trained) on ``learner_devices``."""
