@@ -26,6 +26,8 @@ The simulation runs a 1/``slice`` slice of the machine (8 of 64 devices, 16 of 1
 step): per-device load, per-step times and their ratio are the full machine's as long as every
 device's share is alike (data-parallel engines and learner); the longest trajectory of 512 rather
 than 4096 samples is the slice's only difference (at 8K the tail is cut by the budget in both).
+``paper_scale_speedup()`` runs 7 simulations of 8-10 batches (3-5 min each on a loaded 2-core
+machine); its numbers and what they mean: docs/design.md §7 ("The RL loop in simulation").
 """
 
 from __future__ import annotations
