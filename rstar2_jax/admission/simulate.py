@@ -289,39 +289,46 @@ class Simulator:
                 raise RuntimeError("simulate: no event left but trajectories unfinished")
             now, _, kind, obj = heapq.heappop(self.heap)
             self.now = now
-            if kind == "engine":
-                idx, version = obj
-                e = self.engs[idx]
-                if version != e.version:
-                    continue  # superseded by a later change of the active set
-                self.advance(e, now)
-                ended = [s for s in e.active if s.pre <= _EPS and s.dec <= _EPS]
-                e.active = [s for s in e.active if not (s.pre <= _EPS and s.dec <= _EPS)]
-                done = sum(self.end_turn(idx, s, now) for s in ended)
-                self.n_left -= done
-                if e.active and e.cap - e.used <= _EPS and any(s.pre <= _EPS for s in e.active):
-                    self.preempt(e)  # a decoder needs a page and none is free
-                self.reschedule(idx, now)
-                if self.pending and (done or (ended and self.ledger.policy.slot_bound)):
-                    self.admit(now)  # a sequence that went to a tool freed a slot
-            else:  # a tool answered: the response is appended and the next turn queues
-                s = obj
-                e = self.engs[s.engine]
-                self.advance(e, now)
-                s.resp += s.spec.appended[s.turn]
-                s.total += s.spec.appended[s.turn]
-                s.uncached += s.spec.appended[s.turn]
-                s.turn += 1
-                s.dec = float(s.spec.turns[s.turn])
-                s.tool = False
-                steps = [x.last_step_s if x.active else x.spec.step_s(1) for x in self.engs]
-                f = self.ledger.migration(s.engine, s, int(s.total), steps)
-                self.ledger.on_progress(s.engine, s)
-                if f is not None:
-                    self.migrate(s, f, now)
-                    continue
-                heapq.heappush(e.queue, (s.order, s))
-                self.reschedule(s.engine, now)
+            self.handle(now, kind, obj)
+        return self.result(now)
+
+    def handle(self, now: float, kind: str, obj) -> None:
+        """One event: an engine's interval ended (``"engine"``) or a tool answered (``"tool"``)."""
+        if kind == "engine":
+            idx, version = obj
+            e = self.engs[idx]
+            if version != e.version:
+                return  # superseded by a later change of the active set
+            self.advance(e, now)
+            ended = [s for s in e.active if s.pre <= _EPS and s.dec <= _EPS]
+            e.active = [s for s in e.active if not (s.pre <= _EPS and s.dec <= _EPS)]
+            done = sum(self.end_turn(idx, s, now) for s in ended)
+            self.n_left -= done
+            if e.active and e.cap - e.used <= _EPS and any(s.pre <= _EPS for s in e.active):
+                self.preempt(e)  # a decoder needs a page and none is free
+            self.reschedule(idx, now)
+            if self.pending and (done or (ended and self.ledger.policy.slot_bound)):
+                self.admit(now)  # a sequence that went to a tool freed a slot
+        else:  # a tool answered: the response is appended and the next turn queues
+            s = obj
+            e = self.engs[s.engine]
+            self.advance(e, now)
+            s.resp += s.spec.appended[s.turn]
+            s.total += s.spec.appended[s.turn]
+            s.uncached += s.spec.appended[s.turn]
+            s.turn += 1
+            s.dec = float(s.spec.turns[s.turn])
+            s.tool = False
+            steps = [x.last_step_s if x.active else x.spec.step_s(1) for x in self.engs]
+            f = self.ledger.migration(s.engine, s, int(s.total), steps)
+            self.ledger.on_progress(s.engine, s)
+            if f is not None:
+                self.migrate(s, f, now)
+                return
+            heapq.heappush(e.queue, (s.order, s))
+            self.reschedule(s.engine, now)
+
+    def result(self, now: float) -> SimResult:
         engs, z = self.engs, self.z
         return SimResult(makespan_s=float(now), finish_s=[float(e.finish) for e in engs],
                          busy_s=[float(e.busy) for e in engs],
