@@ -111,9 +111,9 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path):
     objective = ["--loss-kind", "gspo", "--adv-kind", "dr_grpo", "--kl-coef", "0.05"]
     cache = tmp_path / "jax_cache"
     straight = _run(tmp_path / "straight", cache, objective)
-    # the second run starts once the first has compiled every program (RL step 1 logged), so it and the
-    # resumed run load them from the cache: on 2 cores that costs less than two processes compiling at once
-    if not _wait_for_rl_step(straight, tmp_path / "straight", 1):
+    # the second run starts once the first has compiled every program (RL step 2 logged: step 3 compiles
+    # nothing), so it and the resumed run load them from the cache instead of compiling them again
+    if not _wait_for_rl_step(straight, tmp_path / "straight", 2):
         straight.kill()  # exited early or stalled: its stderr says why
         pytest.fail(straight.stderr.read().decode()[-2000:])
     killed = _run(tmp_path / "killed", cache, objective)
