@@ -15,7 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 import toy_tool_math  # noqa: E402
 
-TINY = ["--sft-traces", "16", "--copy-drills", "16", "--sft-epochs", "80", "--sft-lr", "1e-2", "--sft-batch", "4",
+# 2 SFT epochs (6 steps): the RL rollouts are scripted, so the SFT policy's quality does not matter to
+# the RL rows; a run's time is mostly JAX start-up and compilation, not steps
+TINY = ["--sft-traces", "16", "--copy-drills", "16", "--sft-epochs", "2", "--sft-lr", "1e-2", "--sft-batch", "4",
         "--sft-seq-len", "192", "--hidden", "32",
         "--layers", "1", "--rl-steps", "2", "--problems-per-step", "2", "--group", "2", "--n-eval", "4",
         "--eval-every", "1", "--budget", "200", "--slots", "8", "--sandbox-workers", "1", "--no-progress",
@@ -75,11 +77,14 @@ def test_short_demo_writes_every_metric_and_matches_the_golden(tmp_path):
             assert got[k] == (pytest.approx(v, **tol) if isinstance(v, float) else v), (got["step"], k)
 
 
-def _run(out: Path, extra=()):
+def _run(out: Path, cache: Path, extra=()):
+    """A demo process; ``cache``: the persistent compilation cache the test's processes share (a later
+    process loads the executables an earlier one compiled: same programs, same results)."""
     cmd = [sys.executable, str(ROOT / "experiments" / "toy_tool_math.py"), *TINY, "--rl-steps", "4",
            "--ckpt-every", "1", "--exec-time", "0", "--out", str(out), *extra]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+                            env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                                 "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
 
 
 def _rows(out: Path) -> list[dict]:
@@ -88,25 +93,37 @@ def _rows(out: Path) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith(NONDETERMINISTIC) and k != "compiles"} for r in rows]
 
 
+def _wait_for_rl_step(proc: subprocess.Popen, out: Path, step: int, timeout_s: float = 600) -> bool:
+    """Poll ``out``/metrics.jsonl until RL step ``step`` is logged (True), or ``proc`` exits / times out."""
+    metrics, deadline = out / "metrics.jsonl", time.time() + timeout_s
+    while time.time() < deadline and proc.poll() is None:
+        rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
+        if any(r.get("stage") == "rl" and r.get("step", 0) >= step for r in rows):
+            return True
+        time.sleep(0.2)
+    return False
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_kill9_then_resume_equals_uninterrupted(tmp_path):
     # a non-default objective with the KL term: the resumed process reads the reference policy back
     objective = ["--loss-kind", "gspo", "--adv-kind", "dr_grpo", "--kl-coef", "0.05"]
-    straight = _run(tmp_path / "straight", objective)
-    killed = _run(tmp_path / "killed", objective)
-    metrics = tmp_path / "killed" / "metrics.jsonl"
-    deadline = time.time() + 600
+    cache = tmp_path / "jax_cache"
+    straight = _run(tmp_path / "straight", cache, objective)
+    # the second run starts once the first has compiled every program (RL step 2 logged: step 3 compiles
+    # nothing), so it and the resumed run load them from the cache instead of compiling them again
+    if not _wait_for_rl_step(straight, tmp_path / "straight", 2):
+        straight.kill()  # exited early or stalled: its stderr says why
+        pytest.fail(straight.stderr.read().decode()[-2000:])
+    killed = _run(tmp_path / "killed", cache, objective)
     # SIGKILL once the run is inside RL (RL step 2 of 4 logged; its checkpoint may or may not be written)
-    while time.time() < deadline and killed.poll() is None:
-        rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
-        if any(r.get("stage") == "rl" and r.get("step", 0) >= 2 for r in rows):
-            killed.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.2)
+    if _wait_for_rl_step(killed, tmp_path / "killed", 2):
+        killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed"
-    resumed = _run(tmp_path / "killed", [*objective, "--resume"])
+    assert any(cache.iterdir())  # the compilation cache was written (and read by the later processes)
+    resumed = _run(tmp_path / "killed", cache, [*objective, "--resume"])
     assert resumed.wait(timeout=900) == 0, resumed.stderr.read().decode()[-2000:]
     assert straight.wait(timeout=900) == 0, straight.stderr.read().decode()[-2000:]
     got, want = _rows(tmp_path / "killed"), _rows(tmp_path / "straight")

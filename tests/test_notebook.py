@@ -23,8 +23,18 @@ def inject_parameters(nb: nbformat.NotebookNode, params: dict) -> None:
     nb.cells.insert(idx + 1, nbformat.v4.new_code_cell(src, metadata={"tags": ["injected-parameters"]}))
 
 
+def share_compilation_cache(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """The notebook's kernel (and the demo processes it starts) inherit a persistent JAX compilation cache in
+    ``folder``: the runs share their shapes, so every run after the first loads the executables the first
+    compiled (same programs, same results) instead of compiling them again. This process's JAX, already
+    started, does not read these variables."""
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(folder))
+    monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+
 @pytest.mark.slow
-def test_roc_ablation_notebook_runs(tmp_path):
+def test_roc_ablation_notebook_runs(tmp_path, monkeypatch):
+    share_compilation_cache(monkeypatch, tmp_path / "jax_cache")
     nb = nbformat.read(ROOT / "notebooks" / "roc_ablation.ipynb", as_version=4)
     results_path = tmp_path / "roc_ablation.json"
     inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "RESULTS": str(results_path)})

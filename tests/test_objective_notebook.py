@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.test_notebook import inject_parameters
+from tests.test_notebook import inject_parameters, share_compilation_cache
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = dict(SEEDS=[0], RL_STEPS=2, PROBLEMS_PER_STEP=2, GROUP=2, N_EVAL=4, SFT_TRACES=8, SFT_EPOCHS=1.0, BUDGET=160,
@@ -22,9 +22,10 @@ def _demo_has_objective_flags() -> bool:
 
 
 @pytest.mark.slow
-def test_objective_ablation_notebook_runs(tmp_path):
+def test_objective_ablation_notebook_runs(tmp_path, monkeypatch):
     if not _demo_has_objective_flags():
         pytest.skip("experiments/toy_tool_math.py has no --loss-kind / --adv-kind / --agg-mode yet")
+    share_compilation_cache(monkeypatch, tmp_path / "jax_cache")
     nb = nbformat.read(ROOT / "notebooks" / "objective_ablation.ipynb", as_version=4)
     results_path = tmp_path / "objective_ablation.json"
     inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "SFT_CACHE": str(tmp_path / "runs" / "sft_cache"),
