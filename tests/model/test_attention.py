@@ -14,6 +14,7 @@ from rstar2_jax.model import (Qwen3, blockwise_attention, causal_segment_mask, d
                               token_logprobs)
 from rstar2_jax.model.attention_gpu import pallas_gpu_attention
 from rstar2_jax.utils.compiles import CompileCounter
+from tests.fast_compile import jit_fast
 
 
 def _qkv(b, t, n, k, h, seed=0):
@@ -83,7 +84,7 @@ def _stack_loss(cfg, params, graphdef, toks, seg):
     def f(p):
         logp = token_logprobs(graphdef, p, toks[:, :-1], toks[:, 1:], segment_ids_bt=seg[:, :-1], chunk_size=16)
         return jnp.sum(logp * (seg[:, 1:] > 0))
-    return jax.jit(jax.value_and_grad(f))(params)
+    return jit_fast(jax.value_and_grad(f))(params)
 
 
 VARIANTS = {

@@ -11,6 +11,7 @@ from flax import nnx
 from rstar2_jax.config import MeshConfig, ModelConfig
 from rstar2_jax.model import (batch_sharding, logits, make_mesh, naive_token_logprobs, shard_params,
                               split_policy, token_logprobs, Qwen3)
+from tests.fast_compile import jit_fast
 
 
 @pytest.fixture(scope="module")
@@ -75,11 +76,11 @@ def _chunked_objective(g, toks, fn, **kw):
 
 @pytest.fixture(scope="module")
 def naive_value_and_grad(policy):
-    """The full-logits reference's value and gradient, computed once for every chunk size (jitted:
-    one compile instead of op-by-op dispatch of the scanned, rematerialised backward)."""
+    """The full-logits reference's value and gradient, computed once for every chunk size (jitted,
+    ``jit_fast``: one compile instead of op-by-op dispatch of the scanned, rematerialised backward)."""
     cfg, g, p = policy
     toks = _tokens(cfg, 2, 16)
-    return toks, jax.jit(jax.value_and_grad(_chunked_objective(g, toks, naive_token_logprobs)))(p)
+    return toks, jit_fast(jax.value_and_grad(_chunked_objective(g, toks, naive_token_logprobs)))(p)
 
 
 @pytest.mark.parametrize("chunk", [3, 16, 64])
@@ -87,7 +88,7 @@ def test_chunked_logprobs_and_grads_equal_naive(policy, naive_value_and_grad, ch
     """Chunk 3: 6 chunks, the last ragged (16 = 5 x 3 + 1); 16: one exact chunk; 64: one chunk past T."""
     cfg, g, p = policy
     toks, (v2, g2) = naive_value_and_grad
-    v1, g1 = jax.jit(jax.value_and_grad(_chunked_objective(g, toks, token_logprobs, chunk_size=chunk)))(p)
+    v1, g1 = jit_fast(jax.value_and_grad(_chunked_objective(g, toks, token_logprobs, chunk_size=chunk)))(p)
     np.testing.assert_allclose(v1, v2, rtol=1e-5)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)

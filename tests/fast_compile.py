@@ -1,0 +1,22 @@
+"""``jit_fast``: ``jax.jit`` with XLA's backend (LLVM) optimisation level 0, for tests whose cost is compiling.
+
+The tests that compare two programs (chunked vs naive log-probs, blockwise/scanned/remat vs the dense
+unrolled stack, packed vs padded rows, micro-batched vs one batch) are dominated by XLA's CPU compile
+of tiny-shaped scanned, rematerialised backward passes (~10 s CPU each here); level 0 halves that.
+The HLO (what the model code computes, op by op) is the same; only the machine code generated from
+it is less optimised, which matters nothing at these shapes. Both sides of every comparison are
+compiled the same way, and the tolerances are unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+
+FAST_COMPILE: dict[str, Any] = {"xla_backend_optimization_level": 0}
+
+
+def jit_fast(fn: Callable, **kw: Any) -> Callable:
+    """``jax.jit(fn, **kw)`` compiled with :data:`FAST_COMPILE`."""
+    return jax.jit(fn, compiler_options=FAST_COMPILE, **kw)
