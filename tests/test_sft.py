@@ -48,7 +48,7 @@ def test_micro_batches_equal_one_batch(policy):
     base = SFTConfig(seq_len=32, batch_size=4, logprob_chunk_size=16, optim=OptimConfig(lr=1e-3, warmup_steps=0, eps=1e-4))
     batch = next(iterate_batches(packed, base, seed=0))
     outs = []
-    for micro in (None, 2):  # the pure step (make_sft_step jits it the same way), compiled at -O0 (tests/fast_compile.py)
+    for micro in (None, 2):  # the pure step, jitted as make_sft_step does but at -O0 (tests/fast_compile.py)
         cfg = SFTConfig(seq_len=32, batch_size=4, micro_batch_size=micro, logprob_chunk_size=16, optim=base.optim)
         st = init_train_state(p, cfg.rl_view(), 0)
         st, m = jit_fast(functools.partial(sft_step, graphdef=g, cfg=cfg))(st, shard_batch(batch, None))
