@@ -81,6 +81,7 @@ def test_packed_update_equals_one_trajectory_per_row_and_pads_less():
     micro-batches of 2: the packed batch gives the padded batch's (S, D) and gradient (1e-5) under
     token and sequence aggregation, and computes fewer micro-batches."""
     from rstar2_jax.rl.train_step import _accumulate, shard_batch
+    from tests.fast_compile import jit_fast
 
     rng = np.random.default_rng(0)
     lengths = [(4, 56), (3, 9), (5, 6), (2, 12), (6, 4), (3, 7), (4, 10), (2, 5)]
@@ -89,7 +90,7 @@ def test_packed_update_equals_one_trajectory_per_row_and_pads_less():
         out = {}
         for pack in (False, True):
             learner, host, pad, jax = _learner_and_batch(trajs, pack, rows=8, micro=2, agg=agg)
-            s, d, g, _ = jax.jit(lambda p, b: _accumulate(learner.graphdef, p, b, learner.cfg.rl))(
+            s, d, g, _ = jit_fast(lambda p, b: _accumulate(learner.graphdef, p, b, learner.cfg.rl))(
                 learner.params, shard_batch(host, None))
             out[pack] = (float(s), float(d), g, pad)
         (s0, d0, g0, pad0), (s1, d1, g1, pad1) = out[False], out[True]

@@ -1,5 +1,7 @@
 """SFT: loss on assistant tokens only, decreases, and micro-batching equals one big batch."""
 
+import functools
+
 import jax
 import numpy as np
 import pytest
@@ -9,8 +11,9 @@ from rstar2_jax.config import ModelConfig
 from rstar2_jax.data.chat import pack_sequences
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.rl.config import OptimConfig
-from rstar2_jax.rl.train_step import init_train_state
-from rstar2_jax.sft import SFTConfig, iterate_batches, make_sft_step, num_steps, train_sft
+from rstar2_jax.rl.train_step import init_train_state, shard_batch
+from rstar2_jax.sft import SFTConfig, iterate_batches, num_steps, sft_step, train_sft
+from tests.fast_compile import jit_fast
 
 
 def _examples(n=12, seed=0):
@@ -45,10 +48,10 @@ def test_micro_batches_equal_one_batch(policy):
     base = SFTConfig(seq_len=32, batch_size=4, logprob_chunk_size=16, optim=OptimConfig(lr=1e-3, warmup_steps=0, eps=1e-4))
     batch = next(iterate_batches(packed, base, seed=0))
     outs = []
-    for micro in (None, 2):
+    for micro in (None, 2):  # the pure step, jitted as make_sft_step does but at -O0 (tests/fast_compile.py)
         cfg = SFTConfig(seq_len=32, batch_size=4, micro_batch_size=micro, logprob_chunk_size=16, optim=base.optim)
         st = init_train_state(p, cfg.rl_view(), 0)
-        st, m = make_sft_step(g, cfg)(st, batch)
+        st, m = jit_fast(functools.partial(sft_step, graphdef=g, cfg=cfg))(st, shard_batch(batch, None))
         outs.append((st.params, float(m["loss"])))
     assert outs[0][1] == pytest.approx(outs[1][1], rel=1e-5)
     for a, b in zip(jax.tree.leaves(outs[0][0]), jax.tree.leaves(outs[1][0])):

@@ -2,6 +2,7 @@
 scanned / rematerialised stack == the unrolled dense one, HF-like init gives sane log-probs."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +15,7 @@ from rstar2_jax.model import (Qwen3, blockwise_attention, causal_segment_mask, d
                               token_logprobs)
 from rstar2_jax.model.attention_gpu import pallas_gpu_attention
 from rstar2_jax.utils.compiles import CompileCounter
+from tests.fast_compile import jit_fast
 
 
 def _qkv(b, t, n, k, h, seed=0):
@@ -83,7 +85,7 @@ def _stack_loss(cfg, params, graphdef, toks, seg):
     def f(p):
         logp = token_logprobs(graphdef, p, toks[:, :-1], toks[:, 1:], segment_ids_bt=seg[:, :-1], chunk_size=16)
         return jnp.sum(logp * (seg[:, 1:] > 0))
-    return jax.jit(jax.value_and_grad(f))(params)
+    return jit_fast(jax.value_and_grad(f))(params)
 
 
 VARIANTS = {
@@ -171,7 +173,7 @@ def test_train_step_and_sft_step_match_dense_no_remat():
     from rstar2_jax.rl import RLConfig
     from rstar2_jax.rl.config import OptimConfig
     from rstar2_jax.rl.train_step import init_train_state, make_train_step
-    from rstar2_jax.sft import SFTConfig, make_sft_step
+    from rstar2_jax.sft import SFT_KEYS, SFTConfig, sft_step
 
     rng = np.random.default_rng(0)
     examples = [(rng.integers(1, 60, n).tolist(), [0] * 3 + [1] * (n - 3)) for n in (9, 14, 5, 20, 7, 11)]
@@ -193,8 +195,9 @@ def test_train_step_and_sft_step_match_dense_no_remat():
         state, m_rl = make_train_step(graphdef, rl, donate=False)(init_train_state(params, rl), rl_batch)
         sft = SFTConfig(seq_len=32, batch_size=sft_batch["tokens"].shape[0], logprob_chunk_size=8,
                         optim=optim)
-        sft_state, m_sft = make_sft_step(graphdef, sft, donate=False)(init_train_state(params, sft.rl_view()),
-                                                                        sft_batch)
+        # the pure SFT step, jitted as make_sft_step does but at -O0 (tests/fast_compile.py)
+        sft_state, m_sft = jit_fast(functools.partial(sft_step, graphdef=graphdef, cfg=sft))(
+            init_train_state(params, sft.rl_view()), {k: sft_batch[k] for k in SFT_KEYS})
         out[name] = (m_rl, m_sft, state.params, sft_state.params)
     (r_rl, r_sft, r_p, r_sp), (n_rl, n_sft, n_p, n_sp) = out["reference"], out["default"]
     for k in ("loss", "grad_norm"):
