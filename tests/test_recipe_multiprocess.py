@@ -182,8 +182,12 @@ def test_two_processes_killed_and_resumed_run_the_recipe_like_one(runs):
     filt = [r for r in r1 if r.get("stage") == "filter"]
     assert [(r["filter_pool"], r["filter_kept"]) for r in filt] == [(4, 3)]
     assert c2["rollout"] is not None and len(c2["rollout"]) == 2  # each process's dispatcher state
+    # atol 1e-5: a tenth of the largest move one Adam step gives a param (rl_lr = 1e-4), so a missing,
+    # extra or different update still fails; below it, fp32 reduction-order noise (8 devices in 1 vs
+    # 2 processes) on near-zero gradient entries, which Adam's sign-like first steps amplify: seen at
+    # 5e-6 on 1 of 8192 entries with FAST_COMPILE (and 1e-6 passed without it)
     for a, b in zip(p1, p2):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
     # process 0 alone wrote the files
     assert (two / "metrics.png").exists() and (two / "recipe_config.json").exists()
     moved = list(two.glob("metrics.after_*.jsonl"))  # rows after the restored checkpoint, if any, kept aside
