@@ -6,34 +6,25 @@ A random policy never earns a reward (RoC would drop every group), so the SFT da
 answer format with the right and a wrong value equally often for the RL problems: sampled at
 temperature 1 the policy then answers each right about half the time, groups are mixed, and the RL
 steps update for real.
-
-The recipe runs in a subprocess (8 fake CPU devices) compiled with ``--xla_backend_optimization_level=0``
-(XLA:CPU without LLVM optimization): the run is mostly compilation, which then takes about half the CPU
-time; nothing here compares numbers across runs.
 """
 
 import json
 import math
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax import distributed
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.hf_io import export_hf
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 from rstar2_jax.tokenizer import CHAT_SPECIALS, HFTokenizer, train_byte_bpe
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "experiments" / "rstar2_recipe.py"
-LAYOUT_VARS = [n for names in distributed.ENV_VARS.values() for n in names] + list(distributed.SLURM_VARS) + [
-    "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 
 PROBLEMS = [("p0", "What is 3 + 4?", "7"), ("p1", "What is 2 + 5?", "7"), ("p2", "What is 10 - 3?", "7"),
             ("p3", "What is 1 + 6?", "7")]
@@ -83,29 +74,17 @@ def run_dir(tmp_path_factory):
     return root
 
 
-def _run_recipe(config: Path, out: Path, timeout_s: float) -> str:
-    """``experiments/rstar2_recipe.py --config`` in one process with 8 fake CPU devices; its output."""
-    env = {k: v for k, v in os.environ.items() if k not in LAYOUT_VARS}
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0",
-               JAX_PLATFORMS="cpu",
-               PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--config", str(config), "--out", str(out), "--no-progress"],
-                          env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=timeout_s)
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    return proc.stdout
-
-
 @pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_full_recipe_path_on_an_hf_directory(run_dir):
+def test_full_recipe_path_on_an_hf_directory(run_dir, capsys):
+    import rstar2_recipe
+
     tok = HFTokenizer(run_dir / "model")
     for special in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|endoftext|>"):
         assert len(tok.encode(special)) == 1, special  # single ids, as in Qwen's tokenizer
+    assert jax.device_count() == 8
     out = run_dir / "out"
-    printed = _run_recipe(run_dir / "config.json", out, timeout_s=1000)
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["processes"] == 1 and summary["mesh"] == [1, 8, 1]  # the trainer over all 8 devices
+    summary = rstar2_recipe.main(["--config", str(run_dir / "config.json"), "--out", str(out), "--no-progress"])
+    printed = capsys.readouterr().out
     assert "placement: processes = 1, engines = 4, devices_per_engine = 2, devices_used = 8/8" in printed
     assert summary["stages"][:3] == ["sft", "rl_stage1", "rl_stage2"]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
