@@ -105,7 +105,10 @@ def _spawn(out: Path, log: Path, devices: int, layout: dict[str, str], worker: P
            args: tuple[str, ...] = ("1,2,2",)) -> subprocess.Popen:
     # no inherited layout; no proxy (gRPC to the loopback coordinator could be sent through it)
     env = {k: v for k, v in os.environ.items() if k not in LAYOUT_VARS and "_proxy" not in k.lower()}
-    env.update(layout, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
+    # --xla_backend_optimization_level=0: XLA:CPU without LLVM optimization compiles the train step in
+    # about half the CPU time (the run is mostly start-up and compilation); all processes use it
+    flags = f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0"
+    env.update(layout, XLA_FLAGS=flags, JAX_PLATFORMS="cpu",
                PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
     return subprocess.Popen([sys.executable, str(worker), str(out), *args], env=env, cwd=ROOT,
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
