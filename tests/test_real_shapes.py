@@ -39,5 +39,5 @@ def test_two_real_shaped_layers_train_through_the_driver(tmp_path):
         assert math.isfinite(step["train/loss"]) and step["n_kept"] > 0
         assert step["reward"] == 0.5  # the script: even samples right, odd samples wrong
     assert res["rl"][1]["compiles"] == 0  # nothing compiles after the first RL step
-    # the plan against the measured peak RSS: loose for the slice (the runtime's fixed share is larger)
-    assert 0.5 <= res["plan_peak_gb"] / res["peak_rss_gb"] <= 1.5
+    # the plan against the measured peak RSS within 25% (issue 33; 0.85 at b423f29: docs/design.md §6.2)
+    assert 0.75 <= res["plan_peak_gb"] / res["peak_rss_gb"] <= 1.25
