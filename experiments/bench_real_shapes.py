@@ -20,14 +20,14 @@ the update, and the engine's), and the memory plan's prediction (``rstar2_jax.pl
 shapes, the measured baseline RSS as its runtime allowance) against the measured peak. Asserts a
 finite loss, n_kept > 0 and 0 compilations on the second RL step.
 
-    python experiments/bench_real_shapes.py --data ../shared/data/aime24.jsonl   # 28 layers: > 14 GB RSS here
+    python experiments/bench_real_shapes.py --data ../shared/data/aime24.jsonl   # 28 layers: 18.9 GB RSS, 8 min
     python experiments/bench_real_shapes.py --data ... --layers 2                # the slow test's slice: 6.3 GB, 8 min
 
-Measured (docs/design.md §6.2): the 28-layer run passed 13 GB RSS in its first RL step on this
-machine and was stopped; ``--trace`` puts the peak in the update and shows the step-0 checkpoint's host
-staging. Since ``rstar2_jax.plan_xla`` split the update's transients (the vocabulary tables' extra
-gradient buffers with bf16 params, the unrolled stack's activations) the plan is 0.85x the 2-layer
-slice's measured peak (6.31 GB).
+Measured (docs/design.md §6.2, 2 cores, alone): 28 layers peak RSS 18.85 GB, RL steps ~150 s, 459 s
+in all; ``--trace`` puts the peak in the update and shows the step-0 checkpoint's host staging. Since
+``rstar2_jax.plan_xla`` split the update's transients (the vocabulary tables' extra gradient buffers
+with bf16 params, the unrolled stack's activations) the plan is 0.82x the 28-layer peak and 0.87x the
+2-layer slice's (6.31 GB).
 """
 
 from __future__ import annotations

@@ -32,8 +32,9 @@ Per device, in two phases (SFT: the trainer alone; RL: the trainer and the engin
   0.6B dims in fp32): full 3.0 KiB (formula 4.0), dots 47.0 KiB (formula 48.0), none 150.5 KiB
   (3.14 x 48.0, hence the factor). Blockwise attention adds O(b N block^2) per layer (counted in w
   through the 3.14 factor at T >> block); dense attention adds b N T^2 x 4 per layer in w. An
-  unrolled stack (``scan_layers=False``, L > 1) counts s = w whatever the remat policy: XLA's plan of
-  it is the same for full, dots and none (only the scanned stack is rematerialised; §6.2).
+  unrolled stack (``scan_layers=False``, L > 1) counts s = 10 B x dots whatever the remat policy: XLA's plan of
+  it is the same for full, dots and none (only the scanned stack is rematerialised; §6.2), ~117-122 KiB
+  per token per layer at 0.6B widths in bf16 and fp32: 10 bytes per dots element.
 * **engines' weights**: P x bytes(engine weight dtype) / TP per engine device.
 * **engines' K/V pool**: ``kv_memory_gb`` per engine, split over its TP devices.
 * **runtime**: a fixed allowance (0 on accelerators: their limit is what XLA may allocate; the
@@ -60,6 +61,9 @@ from rstar2_jax.config import ModelConfig
 
 GB = 2**30
 NONE_FACTOR = 150.5 / 48.0  # remat "none" over the "dots" formula, measured (docs/design.md §6.1)
+# an unrolled stack's activations per token per layer, bytes per "dots" element, any dtype and remat:
+# XLA's plan at 0.6B widths keeps 117 KiB (bf16) / 122 KiB (fp32) per token per layer = ~10 x 12,288
+UNROLLED_BYTES_PER_DOT = 10.0
 DEVICE_MEMORY_ENV = "RSTAR2_DEVICE_MEMORY_GB"  # the device memory when the backend does not report it
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -177,9 +181,10 @@ def _phase(inp: PlanInput, phase: str, micro_rows: int | None = None) -> dict[st
     micro = micro_rows or micro or rows
     b = math.ceil(micro / (data * fsdp))  # rows per device
     kept, work = act_elems_per_token_per_layer(m)
-    unrolled = not m.scan_layers and m.num_layers > 1  # XLA keeps every layer's activations, whatever remat
-    kept = work if unrolled else kept
-    kept_bytes = kept * cb / (1 if m.remat == "full" and not unrolled else tp)  # residual stream: replicated
+    if not m.scan_layers and m.num_layers > 1:  # XLA keeps every layer's activations, whatever remat
+        kept_bytes = UNROLLED_BYTES_PER_DOT * (work / NONE_FACTOR) / tp
+    else:
+        kept_bytes = kept * cb / (1 if m.remat == "full" else tp)  # the residual stream: replicated
     work_bytes = work * cb / tp
     attn = (m.num_heads / tp) * (t if m.attention_impl == "dense" else 0) * 4  # dense: fp32 scores, T^2 per row
     out["activations / micro-batch"] = (b * t * (m.num_layers * kept_bytes + work_bytes + attn)
