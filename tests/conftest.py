@@ -8,17 +8,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-RAY_FILES = ("test_sandbox_ray.py", "test_sandbox_ray_cluster.py")  # one local Ray cluster at a time
+# tests/sandbox/ is one unit: its pools all drop to one uid (nobody), whose RLIMIT_NPROC budget and signals
+# are shared over the machine, so its hostile calls (a fork bomb, kill(-1) without a pid namespace) must not
+# run beside its other files' pools (two CI flakes: EAGAIN on fork, a call SIGKILLed); and one Ray cluster
+SANDBOX_DIR = "tests/sandbox/"
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under ``pytest -n N --dist loadgroup`` (``make test``): a test file is one unit (its module-scoped
-    compiled fixtures are built once, on one worker), and the Ray files share one worker."""
+    compiled fixtures are built once, on one worker), and the sandbox's files (Ray's included) share one."""
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             file = item.nodeid.split("::")[0]
-            item.add_marker(pytest.mark.xdist_group("ray" if file.endswith(RAY_FILES) else file))
+            item.add_marker(pytest.mark.xdist_group("sandbox" if file.startswith(SANDBOX_DIR) else file))
 
 
 @pytest.fixture(scope="module")
