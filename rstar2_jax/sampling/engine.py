@@ -27,6 +27,11 @@ call, stops checked on the device, pages for those positions reserved up front (
 reserve``) and the unused ones given back after (``Scheduler.trim``). Tokens are those of single
 steps; it compiles once more (``warmup()`` includes it).
 
+Mixed loop (``EngineConfig.mixed_steps``): a step with prefill/extend chunks runs ``mixed_loop``
+instead, K iterations of decode rows plus host-planned chunk rows, so a chunk no longer breaks the
+window; rows with stop strings decode in either loop and the host cuts them at the stop
+(``engine_loops``). One more compile (``warmup()``).
+
 Not thread-safe: drive each engine from one thread.
 
 Stops: a stop token, a stop string (needs ``decode_fn``), ``max_new_tokens`` (per segment, i.e. since
