@@ -16,9 +16,11 @@ its pages are reserved for it up front (``Scheduler.reserve``, all or none; the 
 until it fits, else the engine takes a single step). A group template ends the window at the
 iteration its prefill completes (``n_iters``), so the host forks it right after the call.
 
-**Device** (``mixed_loop``): a ``lax.while_loop``; an iteration with chunks runs ``step_rows``
-over ``[B decode rows | Pr chunk rows]`` (the single step's math, T = B + Pr*C tokens), one without
-runs ``decode_rows`` (the plain loop's math), chosen by ``lax.cond``. Decode rows stop on stop ids
+**Device** (``mixed_loop``): chunks fill the window's first iterations (a slot still prefilling
+always gets a lane), so two ``lax.while_loop``s run back to back: iterations with chunks run
+``step_rows`` over ``[B decode rows | Pr chunk rows]`` (the single step's math, T = B + Pr*C
+tokens), the rest ``decode_rows`` (the plain loop's math; one loop choosing by ``lax.cond`` ran about 10%
+slower at B=64 on CPU). Decode rows stop on stop ids
 or their limit as in ``decode_loop``; the call ends after ``n_iters`` iterations, when no row is
 active and no chunk is left, or (``exit_on_stop``) after the first stop. Returns tokens and
 log-probs ``[K, B]`` (slot b's tokens start at its first decoding iteration), counts ``[B]`` and
@@ -82,6 +84,7 @@ class MixedBatch:
     chunk_live: Bool[Arr, "K P"]  # the row carries a chunk
     chunk_last: Int[Arr, "K P"]  # index in the row of its last fed token
     chunk_sample: Bool[Arr, "K P"]  # the sequence's last chunk: its first token is sampled here
+    chunk_iters: Int[Arr, ""]  # iterations 0 .. chunk_iters - 1 carry chunks (run by the mixed body)
     busy: Int[Arr, ""]  # iterations that have chunks or a row start (the loop runs at least these)
     n_iters: Int[Arr, ""]  # most iterations this call
     exit_on_stop: Bool[Arr, ""]
@@ -100,47 +103,44 @@ def mixed_loop(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.K
     row_t = jnp.concatenate([jnp.arange(b, dtype=jnp.int32), b + jnp.repeat(jnp.arange(pr, dtype=jnp.int32), c)])
     slot_ids = jnp.arange(b, dtype=jnp.int32)
 
-    def cond(carry):
-        i, _, _, _, active, _, _, _, stopped = carry
+    def go_on(carry):
+        i, stopped, active = carry[0], carry[-1], carry[4]
         return (i < batch.n_iters) & (jnp.any(active) | (i < batch.busy)) & ~(batch.exit_on_stop & stopped)
 
-    def body(carry):
-        i, cache, tok, pos, active, count, out_t, out_lp, stopped = carry
+    def start(carry):
+        """Rows that start decoding at iteration i with a host-known token."""
+        i, cache, tok, pos, active, *rest = carry
         starts = (batch.start_b == i) & (batch.limit_b > 0)
-        tok, pos = jnp.where(starts, batch.tokens_b, tok), jnp.where(starts, batch.pos_b, pos)
-        active = active | starts
-        cslot, clast = batch.chunk_slot[i], batch.chunk_last[i]
-        csample_pos = batch.chunk_pos[i].reshape(pr, c)[jnp.arange(pr), clast] + 1  # i32[Pr]
+        return (i, cache, jnp.where(starts, batch.tokens_b, tok), jnp.where(starts, batch.pos_b, pos),
+                active | starts, *rest)
 
-        def with_chunks(cache):
-            bt_p = jnp.where(batch.chunk_live[i][:, None], batch.block_tables[cslot], 0)
-            g = lambda x: jnp.concatenate([x, x[cslot]])  # per-slot field for [decode rows | chunk rows]
-            sb = StepBatch(tokens_t=jnp.concatenate([tok, batch.chunk_tokens[i]]),
-                           pos_t=jnp.concatenate([pos, batch.chunk_pos[i]]), row_t=row_t,
-                           valid_t=jnp.concatenate([active, batch.chunk_valid[i]]),
-                           block_tables=jnp.concatenate([batch.block_tables, bt_p]),
-                           sample_t=jnp.concatenate([slot_ids, b + jnp.arange(pr, dtype=jnp.int32) * c + clast]),
-                           sample_pos=jnp.concatenate([pos + 1, csample_pos]), key_data=g(batch.key_data),
-                           temperature=g(batch.temperature), top_k=g(batch.top_k), top_p=g(batch.top_p),
-                           greedy=g(batch.greedy))
-            cache, t_r, lp_r = step_rows(graphdef, params, cache, sb, sspec)
-            return cache, t_r[:b], lp_r[:b], t_r[b:], lp_r[b:]
-
-        def decode_only(cache):
-            cache, t, lp = decode_rows(graphdef, params, cache, tok, pos, active, batch.block_tables,
-                                       batch.key_data, batch.temperature, batch.top_k, batch.top_p, batch.greedy,
-                                       spec.page_size, spec.attention_impl)
-            return cache, t, lp, jnp.zeros(pr, jnp.int32), jnp.zeros(pr, jnp.float32)
-
-        cache, new, lp, c_tok, c_lp = jax.lax.cond(jnp.any(batch.chunk_live[i]), with_chunks, decode_only, cache)
-        # decode rows, as in decode_loop
-        row_t_out = jnp.where(active, new, 0)
-        row_lp_out = jnp.where(active, lp, 0.0)
+    def decode_update(carry, new, lp):
+        """Book decode rows' samples as ``decode_loop`` does."""
+        i, cache, tok, pos, active, count, out_t, out_lp, stopped = carry
+        out_t, out_lp = out_t.at[i].set(jnp.where(active, new, 0)), out_lp.at[i].set(jnp.where(active, lp, 0.0))
         count = count + active
         hit = jnp.any(batch.stop_ids == new[:, None], axis=1)
         still = active & ~hit & (count < batch.limit_b)
         stopped = stopped | jnp.any(active & ~still)
-        tok, pos = jnp.where(active, new, tok), pos + active
+        return (i, cache, jnp.where(active, new, tok), pos + active, still, count, out_t, out_lp, stopped)
+
+    def mixed_body(carry):
+        i, cache, tok, pos, active, *_ = carry = start(carry)
+        cslot, clast = batch.chunk_slot[i], batch.chunk_last[i]
+        csample_pos = batch.chunk_pos[i].reshape(pr, c)[jnp.arange(pr), clast] + 1  # i32[Pr]
+        bt_p = jnp.where(batch.chunk_live[i][:, None], batch.block_tables[cslot], 0)
+        g = lambda x: jnp.concatenate([x, x[cslot]])  # per-slot field for [decode rows | chunk rows]
+        sb = StepBatch(tokens_t=jnp.concatenate([tok, batch.chunk_tokens[i]]),
+                       pos_t=jnp.concatenate([pos, batch.chunk_pos[i]]), row_t=row_t,
+                       valid_t=jnp.concatenate([active, batch.chunk_valid[i]]),
+                       block_tables=jnp.concatenate([batch.block_tables, bt_p]),
+                       sample_t=jnp.concatenate([slot_ids, b + jnp.arange(pr, dtype=jnp.int32) * c + clast]),
+                       sample_pos=jnp.concatenate([pos + 1, csample_pos]), key_data=g(batch.key_data),
+                       temperature=g(batch.temperature), top_k=g(batch.top_k), top_p=g(batch.top_p),
+                       greedy=g(batch.greedy))
+        cache, t_r, lp_r = step_rows(graphdef, params, cache, sb, sspec)
+        i, _, tok, pos, active, count, out_t, out_lp, stopped = decode_update(carry, t_r[:b], lp_r[:b])
+        c_tok, c_lp = t_r[b:], lp_r[b:]
         # chunk rows that end a sequence's prefill: its first token, and its row decodes from i + 1
         onto = (batch.chunk_sample[i] & batch.chunk_live[i])[:, None] & (cslot[:, None] == slot_ids[None])  # [Pr,B]
         joined = jnp.any(onto, axis=0)
@@ -149,16 +149,26 @@ def mixed_loop(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.K
         j_pos = jnp.sum(jnp.where(onto, csample_pos[:, None], 0), axis=0)
         j_still = ~jnp.any(batch.stop_ids == j_tok[:, None], axis=1) & (1 < batch.limit_b)
         stopped = stopped | jnp.any(joined & ~j_still)
-        out_t = out_t.at[i].set(jnp.where(joined, j_tok, row_t_out))
-        out_lp = out_lp.at[i].set(jnp.where(joined, j_lp, row_lp_out))
+        out_t = out_t.at[i].set(jnp.where(joined, j_tok, out_t[i]))
+        out_lp = out_lp.at[i].set(jnp.where(joined, j_lp, out_lp[i]))
         count = jnp.where(joined, 1, count)
         tok, pos = jnp.where(joined, j_tok, tok), jnp.where(joined, j_pos, pos)
-        active = jnp.where(joined, j_still, still)
+        active = jnp.where(joined, j_still, active)
         return (i + 1, cache, tok, pos, active, count, out_t, out_lp, stopped)
+
+    def decode_body(carry):
+        i, cache, tok, pos, active, *_ = carry = start(carry)
+        cache, new, lp = decode_rows(graphdef, params, cache, tok, pos, active, batch.block_tables, batch.key_data,
+                                     batch.temperature, batch.top_k, batch.top_p, batch.greedy, spec.page_size,
+                                     spec.attention_impl)
+        i, _, *rest = decode_update(carry, new, lp)
+        return (i + 1, cache, *rest)
 
     init = (jnp.int32(0), cache, batch.tokens_b, batch.pos_b, (batch.start_b == 0) & (batch.limit_b > 0),
             jnp.zeros(b, jnp.int32), jnp.zeros((k, b), jnp.int32), jnp.zeros((k, b), jnp.float32), jnp.bool_(False))
-    i, cache, _, _, _, count, out_t, out_lp, _ = jax.lax.while_loop(cond, body, init)
+    # chunks fill iterations 0 .. chunk_iters - 1 (a prefilling slot always gets a lane): two loops, no cond
+    carry = jax.lax.while_loop(lambda cr: (cr[0] < batch.chunk_iters) & go_on(cr), mixed_body, init)
+    i, cache, _, _, _, count, out_t, out_lp, _ = jax.lax.while_loop(go_on, decode_body, carry)
     return cache, out_t, out_lp, count, i
 
 
@@ -243,7 +253,7 @@ def build_mixed_batch(plan: MixedPlan, sa: SlotArrays, block_tables: np.ndarray,
     cv = np.zeros((k, pr * c), bool)
     cs, cl, clast, csamp = (np.zeros((k, pr), np.int32), np.zeros((k, pr), bool), np.zeros((k, pr), np.int32),
                             np.zeros((k, pr), bool))
-    fed = {}
+    fed, chunk_iters = {}, 0
     for i, row in enumerate(plan.chunks):
         for j, (s, n) in enumerate(row):
             lo, at = j * c, fed.get(s, s.cached)
@@ -254,10 +264,11 @@ def build_mixed_batch(plan: MixedPlan, sa: SlotArrays, block_tables: np.ndarray,
             csamp[i, j] = plan.first.get(s) == (i, "chunk")
             fed[s] = at + n
         if row:
-            busy = max(busy, i + 1)
+            busy, chunk_iters = max(busy, i + 1), i + 1
+            assert chunk_iters == i + 1 and all(plan.chunks[:i]), "chunks must fill the first iterations"
     return MixedBatch(tokens_b=tokens, pos_b=pos, start_b=start, limit_b=limit, block_tables=block_tables.copy(),
                       key_data=sa.key_data.copy(), temperature=sa.temperature.copy(), top_k=sa.top_k.copy(),
                       top_p=sa.top_p.copy(), greedy=sa.greedy.copy(), stop_ids=sa.stop_ids.copy(),
                       chunk_tokens=ct, chunk_pos=cp, chunk_valid=cv, chunk_slot=cs, chunk_live=cl, chunk_last=clast,
-                      chunk_sample=csamp, busy=np.int32(busy), n_iters=np.int32(plan.n_iters),
-                      exit_on_stop=np.bool_(exit_on_stop))
+                      chunk_sample=csamp, chunk_iters=np.int32(chunk_iters), busy=np.int32(busy),
+                      n_iters=np.int32(plan.n_iters), exit_on_stop=np.bool_(exit_on_stop))
