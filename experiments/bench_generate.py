@@ -15,6 +15,13 @@ devices unless ``XLA_FLAGS`` already sets a count): XLA:CPU runs one decode step
 torch on all of them. The summary ratios are the data-parallel ones (same cores, same requests);
 the single-engine ratios are printed next to them.
 
+Old path vs mixed loop: a third runner, one engine with ``EngineConfig.mixed_steps`` (prefill chunks
+inside the K-step loop), interleaved with the others (same tokens, asserted); the summary adds it
+against HF at B=64 and against the old path. Prefix cache: ``prefix_saving`` feeds 8 problems x 4
+samples rendered with the release template (byte tokenizer), one problem per engine step, to a
+mixed-steps engine with ``EngineConfig.prefix_cache`` and reports the positions mapped from the
+cache over the repeated system-prompt tokens.
+
 GPU (when ``jax.devices()`` is a GPU): also a Qwen3-0.6B-shaped policy with random bf16 weights and
 bf16 KV, B=64 decode: tokens/s, and the fraction of the memory-bandwidth roofline, i.e.
 (bytes of weights + KV read per decode step / step time) / the device's peak bandwidth (table below

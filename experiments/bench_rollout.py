@@ -29,6 +29,10 @@ responses: unswapped preemptions, unshared forks, re-prefilled migrations; the s
 resume feeds with its tool response is not recompute), K/V moved and K/V
 swapped back as fractions of all tokens fed or sampled, the machine's cores busy, the critical path
 (the longest trajectory alone); a KV plot each.
+Old path vs mixed loop (issue 32): workloads (a) and (b) also run the dynamic policy on two more
+engines of the same shape with ``EngineConfig.mixed_steps`` (prefill/extend chunks inside the
+K-step loop), in the same per-seed rotation; the summary's ``tok_s_new_old`` is their engine tokens
+(sampled + fed) per busy engine-second over the old path's.
 Three seeds by default (about 12 min on the 2-core machine); ``--quick``: one seed of 6 problems x 4
 samples on engines of a third of the slots and pages, so that KV memory binds as in the default (at
 the default engine size 24 trajectories never fill the pool: no preemption, no imbalance from
