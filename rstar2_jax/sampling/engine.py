@@ -67,8 +67,8 @@ from flax import nnx
 
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.sampling import decode_loop as loop_mod
-from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling import kv_cache, kv_transfer
+from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling.engine_config import (EngineConfig, check_request, check_resume,  # noqa: F401
                                               child_key_data, key_data)  # EngineConfig, keys: re-exported
 from rstar2_jax.sampling.engine_loops import LoopRunner
