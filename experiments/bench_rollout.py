@@ -29,6 +29,10 @@ responses: unswapped preemptions, unshared forks, re-prefilled migrations; the s
 resume feeds with its tool response is not recompute), K/V moved and K/V
 swapped back as fractions of all tokens fed or sampled, the machine's cores busy, the critical path
 (the longest trajectory alone); a KV plot each.
+Old path vs mixed loop (issue 32): workloads (a) and (b) also run the dynamic policy on two more
+engines of the same shape with ``EngineConfig.mixed_steps`` (prefill/extend chunks inside the
+K-step loop), in the same per-seed rotation; the summary's ``tok_s_new_old`` is their engine tokens
+(sampled + fed) per busy engine-second over the old path's.
 Three seeds by default (about 12 min on the 2-core machine); ``--quick``: one seed of 6 problems x 4
 samples on engines of a third of the slots and pages, so that KV memory binds as in the default (at
 the default engine size 24 trajectories never fill the pool: no preemption, no imbalance from
@@ -65,6 +69,7 @@ ENGINE_ENV = {"JAX_PLATFORMS": "cpu",
               "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
 POLICIES = {"static": dict(policy="static"), "capacity": dict(policy="capacity"),
             "dynamic": dict(policy="dynamic"), "dynamic+migrate": dict(policy="dynamic", migrate=True)}
+MIXED_OF, MIXED = "dynamic", "dynamic, mixed"  # the policy also run on engines with EngineConfig.mixed_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +136,9 @@ def run_policy(name: str, problems, scripts, w: Workload, seed: int, engines, po
     m["kv_moved_frac"] = m["kv_moved_tokens"] / all_tokens
     m["swapped_frac"] = sum(s.swapped_in_tokens for s in st) / all_tokens
     m["rows_per_step"] = [s.decode_tokens / max(s.steps, 1) for s in st]
+    # engine throughput: tokens sampled or fed per second the engines were busy (both paths do the same work)
+    m["engine_tok_s"] = (sum(s.tokens_generated + s.prefill_tokens for s in st) / max(sum(busy), 1e-9))
+    m["mixed_loop_calls"] = sum(s.mixed_loop_calls for s in st)
     m["program_s"] = [(r.code, r.latency_s) for t in res.trajectories for r in t.tools]
     for e in engines:  # every sequence released, table consistent (no page leak)
         e.call("check")
@@ -231,6 +239,8 @@ def main() -> int:
           f"policies within a run)")
     t0 = time.perf_counter()
     engines = [ProcessEngine(EngineHost, model_kw, ecfg, cpus={i % n_cpu}, env=ENGINE_ENV) for i in range(2)]
+    mixed_cfg = dataclasses.replace(ecfg, mixed_steps=True)  # the same shape with the mixed loop (issue 32)
+    engines += [ProcessEngine(EngineHost, model_kw, mixed_cfg, cpus={i % n_cpu}, env=ENGINE_ENV) for i in range(2)]
     try:
         a, b, c = engines[0].call("calibrate", prompt_len)
         k = engines[0].call("ctx_cost", args.slots // 2, 100, 500)
@@ -245,6 +255,14 @@ def main() -> int:
     if set(results) != {c.name for c in todo}:
         return 0  # a partial run: the tables above are its result (no verdict)
     sim_best, sim_rec = simulated(args, todo[1].w, seeds, (a, b, c, k), prompt_len, results["b"])
+    speedup = {}
+    for name in ("a", "b"):  # the same policy's runs, old path vs mixed loop, interleaved per seed
+        tok = {p: np.mean([m["engine_tok_s"] for m in results[name][p]]) for p in (MIXED_OF, MIXED)}
+        speedup[name] = tok[MIXED] / tok[MIXED_OF]
+        print(f"({name}) engine tokens/s (sampled + fed per busy engine-second) under {MIXED_OF}: old path "
+              f"{tok[MIXED_OF]:.0f}, mixed loop {tok[MIXED]:.0f} -> {speedup[name]:.2f}x; makespan "
+              f"{np.mean([m['makespan_s'] for m in results[name][MIXED_OF]]):.1f} s vs "
+              f"{np.mean([m['makespan_s'] for m in results[name][MIXED]]):.1f} s")
     ratios, recs = {}, []
     for cs in todo:
         st = np.mean([m["makespan_s"] for m in results[cs.name]["static"]])
@@ -257,7 +275,9 @@ def main() -> int:
     print(f"(d) SIMULATED best non-static: {sim_best}; recompute {sim_rec:.3f}")
     return report("rollout", [Metric("ratio_a", ratios["a"], "<= 1.00"), Metric("ratio_b", ratios["b"], "<= 0.75"),
                               Metric("ratio_c", ratios["c"], "<= 0.75"),
-                              Metric("recompute_frac", max(recs), "<= 0.05", fmt=".3f")])
+                              Metric("recompute_frac", max(recs), "<= 0.05", fmt=".3f"),
+                              Metric("tok_s_new_old_a", speedup["a"], ">= 1.3"),
+                              Metric("tok_s_new_old_b", speedup["b"])])
 
 
 def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int) -> dict:
@@ -271,23 +291,26 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
         for cs in todo:
             describe(cs, seeds)
             engines[1].call("set_slowdown", cs.slow)
-            step_s = [e.call("probe_step_s") for e in engines]  # what a long-lived dispatcher knows of its engines
+            step_s = [e.call("probe_step_s") for e in engines[:2]]  # what a long-lived dispatcher knows (both paths get it)
             print(f"  engine speeds (probe, half the slots decoding): {[round(x * 1e3, 2) for x in step_s]} ms a step")
-            results[cs.name] = {p: [] for p in POLICIES}
+            mixed = cs.name in ("a", "b")  # also MIXED_OF's policy on the mixed-loop engines, interleaved
+            results[cs.name] = {p: [] for p in list(POLICIES) + [MIXED] * mixed}
             first: dict = {}
             for seed in tqdm(seeds, desc=f"workload {cs.name}", leave=False):
                 s = seed + (100 if cs.name == "c" else 0)
                 problems, scripts = make_workload(cs.w, s, epoch=1)
                 by_key, lengths = history(cs.w, s, epoch=0)
-                names = list(POLICIES)
+                names = list(POLICIES) + [MIXED] * mixed
                 for name in names[seed % len(names):] + names[:seed % len(names)]:  # rotate the order
-                    res = run_policy(name, problems, scripts, cs.w, s, engines, pool, lengths, by_key, step_s)
+                    run_on = engines[2:] if name == MIXED else engines[:2]
+                    res = run_policy(MIXED_OF if name == MIXED else name, problems, scripts, cs.w, s, run_on, pool,
+                                     lengths, by_key, step_s)
                     res.metrics["program_alone_s"] = sum(alone.get(code, 0.0) for code, _ in res.metrics["program_s"])
                     results[cs.name][name].append(res.metrics)
                     if seed == seeds[0]:
                         first[name] = res
             engines[1].call("set_slowdown", 1.0)
-            for name in POLICIES:
+            for name in results[cs.name]:
                 print(table_row(name, results[cs.name][name]))
             cp = np.mean([m["critical_path_s"] for m in results[cs.name]["static"]])
             st = results[cs.name]["static"]
@@ -298,7 +321,7 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
             print(f"  critical path (the longest trajectory alone: its sampled tokens at the faster probe step, plus "
                   f"its tool calls as measured under static): {cp:.1f} s; cores busy counts the whole machine "
                   f"(engines, sandbox programs, dispatcher) of {os.cpu_count()}")
-            for name in POLICIES:
+            for name in results[cs.name]:
                 ms = results[cs.name][name]
                 tl = {k: np.mean([m["tail"][k] for m in ms]) for k in ms[0]["tail"]}
                 print(f"  last to finish under {name:15s}: submitted at {tl['start_s']:4.1f} s, {tl['tokens']:5.0f} "

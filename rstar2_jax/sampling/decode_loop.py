@@ -174,14 +174,16 @@ class SlotArrays:
                          exit_on_stop=np.bool_(exit_on_stop))
 
 
-def plan_window(decode, k: int, max_seq_len: int, scheduler) -> list[int] | None:
+def plan_window(decode, k: int, max_seq_len: int, scheduler, host_checks: bool = False) -> list[int] | None:
     """Tokens each decoding sequence may sample in one ``decode_loop`` call of at most ``k`` steps,
     with the pages for them reserved (``Scheduler.reserve``, all or none); None when the call should
     be a single ``paged_step`` instead: k = 1, a row needs a host check per token (stop strings, more
     than ``STOP_WIDTH`` stop ids), no row has two tokens left, or the free pages do not cover even a
     2-step window (single steps then preempt as usual). The window halves until it fits.
+    ``host_checks`` (``EngineConfig.mixed_steps``): rows with per-token host checks run in the loop
+    too; the engine cuts them at their stop (``engine_loops``).
     """
-    if k == 1 or any(s.stop_strings or len(s.stop_ids) > STOP_WIDTH for s in decode):
+    if k == 1 or (not host_checks and any(s.stop_strings or len(s.stop_ids) > STOP_WIDTH for s in decode)):
         return None
     left = [min(s.max_new - (len(s.tokens) - s.seg_start), max_seq_len - len(s.tokens)) for s in decode]
     while k > 1:

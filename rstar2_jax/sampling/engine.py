@@ -27,6 +27,11 @@ call, stops checked on the device, pages for those positions reserved up front (
 reserve``) and the unused ones given back after (``Scheduler.trim``). Tokens are those of single
 steps; it compiles once more (``warmup()`` includes it).
 
+Mixed loop (``EngineConfig.mixed_steps``): a step with prefill/extend chunks runs ``mixed_loop``
+instead, K iterations of decode rows plus host-planned chunk rows, so a chunk no longer breaks the
+window; rows with stop strings decode in either loop and the host cuts them at the stop
+(``engine_loops``). One more compile (``warmup()``).
+
 Not thread-safe: drive each engine from one thread.
 
 Stops: a stop token, a stop string (needs ``decode_fn``), ``max_new_tokens`` (per segment, i.e. since
@@ -63,8 +68,10 @@ from flax import nnx
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import kv_cache, kv_transfer
+from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling.engine_config import (EngineConfig, check_request, check_resume,  # noqa: F401
                                               child_key_data, key_data)  # EngineConfig, keys: re-exported
+from rstar2_jax.sampling.engine_loops import LoopRunner
 from rstar2_jax.sampling.interface import EngineStats, Request, StopEvent
 from rstar2_jax.sampling.page_table import PageTable
 from rstar2_jax.sampling.placement import EngineLayout
@@ -74,7 +81,7 @@ from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState, stop_reas
 from rstar2_jax.sampling.step import StepSpec, build_step_batch, paged_step
 
 
-class PagedEngine:
+class PagedEngine(LoopRunner):
     """Continuous-batching sampler over a paged KV cache (see module docstring).
 
     Args:
@@ -112,10 +119,13 @@ class PagedEngine:
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
         self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
         self._loop_spec = loop_mod.LoopSpec(cfg.num_slots, cfg.decode_steps, cfg.page_size, cfg.attention_impl)
+        self._mixed_spec = mixed_mod.MixedSpec(cfg.num_slots, cfg.decode_steps, cfg.prefill_rows, cfg.prefill_chunk,
+                                               cfg.page_size, cfg.attention_impl)
         self._next_id = 0
         self._next_order = 0
         self._stats = dict(steps=0, tokens_generated=0, prefill_tokens=0, decode_tokens=0, page_copies=0,
-                           submitted=0, decode_loop_calls=0, kv_exported_tokens=0, kv_imported_tokens=0)
+                           submitted=0, decode_loop_calls=0, mixed_loop_calls=0, discarded_tokens=0,
+                           kv_exported_tokens=0, kv_imported_tokens=0)
 
     # -- public API ------------------------------------------------------------------------------
     def submit(self, request: Request) -> int:
@@ -212,8 +222,14 @@ class PagedEngine:
         decode, prefill = sched.lanes(self.cfg.prefill_rows)
         if not decode and not prefill:
             return []
-        limits = None if prefill else loop_mod.plan_window(decode, self.cfg.decode_steps, self.cfg.max_seq_len,
-                                                           self.scheduler)
+        cfg = self.cfg
+        if prefill and cfg.mixed_steps:
+            plan = mixed_mod.plan_mixed([s for s in sched.slots if s is not None], cfg.decode_steps, cfg.prefill_rows,
+                                        cfg.prefill_chunk, cfg.max_seq_len, sched)
+            if plan is not None:
+                return self._run_mixed(plan)
+        limits = None if prefill else loop_mod.plan_window(decode, cfg.decode_steps, cfg.max_seq_len, sched,
+                                                           host_checks=cfg.mixed_steps)
         if limits is not None:
             return self._run_loop(decode, limits)
         rd = next(r for r in self._row_buckets if r >= len(decode))
@@ -247,6 +263,9 @@ class PagedEngine:
                 n += 1
         if self.cfg.decode_steps > 1:
             self._loop([], [])  # no active row: the loop body never runs, but it compiles
+            n += 1
+        if self.cfg.decode_steps > 1 and self.cfg.mixed_steps:
+            self._mixed(mixed_mod.MixedPlan(self.cfg.decode_steps, [], {}, {}))  # nothing planned: compiles only
             n += 1
         k = 1  # fork copy-on-write sizes (padded to powers of two; a fork copies <= one page per child)
         while k <= max(1, self.cfg.num_slots):
@@ -320,33 +339,6 @@ class PagedEngine:
         batch, chunks = build_step_batch(decode, prefill, self.scheduler.block_tables, spec)
         self.cache, tokens, logprobs = paged_step(self.graphdef, self.params, self.cache, batch, spec)
         return np.asarray(tokens), np.asarray(logprobs), chunks
-
-    # -- the device decode loop ------------------------------------------------------------------
-    def _loop(self, decode: list[Seq], limits: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One ``decode_loop`` call (the cache is donated and replaced); host arrays [K,B], [K,B], [B]."""
-        sa = self._slot_arrays
-        sa.sync(self.scheduler.slots)
-        batch = sa.batch(decode, limits, self.scheduler.block_tables, exit_on_stop=bool(self.scheduler.waiting))
-        self.cache, tokens, logprobs, counts = loop_mod.decode_loop(self.graphdef, self.params, self.cache, batch,
-                                                                    self._loop_spec)
-        return np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
-
-    def _run_loop(self, decode: list[Seq], limits: list[int]) -> list[StopEvent]:
-        """Run the device loop and book its tokens through the usual stop handling."""
-        tokens, logprobs, counts = self._loop(decode, limits)
-        self._stats["steps"] += int(counts.max())
-        self._stats["decode_loop_calls"] += 1
-        events = []
-        for s in decode:
-            b, n = s.slot, int(counts[s.slot])
-            s.cached += n
-            self._stats["decode_tokens"] += n
-            for j in range(n):
-                ev = self._on_sample(s, int(tokens[j, b]), float(logprobs[j, b]))
-                assert not ev or j == n - 1, f"sequence {s.id}: host stop at {j}, device ran {n}"
-                events += ev
-            self.scheduler.trim(s)
-        return events
 
     def _evict(self, seq: Seq) -> None:
         """The scheduler preempts ``seq``: keep its K/V on the host if the swap space has room."""

@@ -46,6 +46,13 @@ class EngineConfig:
     # lands (issue 32): a hit changes which rows feed which tokens, so goldens recorded without it
     # would move by float rounding.
     prefix_cache: bool = False
+    # Steps with prefill/extend chunks run inside the K-step loop too (``mixed_loop``: B decode rows
+    # plus Pr chunk rows per iteration), and rows with stop strings (or more stop ids than the
+    # device checks) decode in the loop, the host cutting them at the stop. False = the old path:
+    # such steps are single ``paged_step`` calls. Off by default for now: with it on, the demo golden
+    # and the rollout tests pass, but three engine tests pin the old path (one chunk per ``step()``,
+    # the warmup variant count).
+    mixed_steps: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
@@ -56,6 +63,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.readmit_headroom must be an int >= 0, got {self.readmit_headroom!r}")
         if not isinstance(self.swap_tokens, int) or self.swap_tokens < 0:
             raise ValueError(f"EngineConfig.swap_tokens must be an int >= 0, got {self.swap_tokens!r}")
+        if not isinstance(self.mixed_steps, bool):
+            raise ValueError(f"EngineConfig.mixed_steps must be a bool, got {self.mixed_steps!r}")
         if not isinstance(self.prefix_cache, bool):
             raise ValueError(f"EngineConfig.prefix_cache must be a bool, got {self.prefix_cache!r}")
         if (self.num_pages is None) == (self.kv_memory_bytes is None):

@@ -114,11 +114,10 @@ def _pad_key() -> np.ndarray:
     return np.zeros_like(np.asarray(jax.random.key_data(jax.random.key(0))), np.uint32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("cache",))
-def paged_step(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KVLayer], batch: StepBatch,
-               spec: StepSpec) -> tuple[list[kv_cache.KVLayer], Int[jax.Array, "R"], Float[jax.Array, "R"]]:
-    """One engine step. DONATES ``cache``. Returns ``(cache, tokens_r, logprobs_r)``: the token
-    each row samples and its log-prob at the row's temperature (``sample_rows``). Rd decode rows then Pr prefill rows."""
+def step_rows(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KVLayer], batch: StepBatch,
+              spec: StepSpec) -> tuple[list[kv_cache.KVLayer], Int[jax.Array, "R"], Float[jax.Array, "R"]]:
+    """The step's math, unjitted (``paged_step`` jits it; ``mixed_loop`` runs it inside its loop).
+    Returns ``(cache, tokens_r, logprobs_r)``: Rd decode rows then Pr prefill rows."""
     b, pr, c = spec.decode_rows, spec.prefill_rows, spec.prefill_chunk
     bt = batch.block_tables  # i32[R, M]
     page_t, slot_t = kv_cache.token_destinations(bt, batch.row_t, batch.pos_t, batch.valid_t, spec.page_size)
@@ -144,3 +143,11 @@ def paged_step(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.K
         batch.key_data, batch.sample_pos)
     tokens, logprobs = sample_rows(logits_rv, keys, batch.temperature, batch.top_k, batch.top_p, batch.greedy)
     return cache, tokens, logprobs
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef", "spec"), donate_argnames=("cache",))
+def paged_step(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KVLayer], batch: StepBatch,
+               spec: StepSpec) -> tuple[list[kv_cache.KVLayer], Int[jax.Array, "R"], Float[jax.Array, "R"]]:
+    """One engine step. DONATES ``cache``. Returns ``(cache, tokens_r, logprobs_r)``: the token
+    each row samples and its log-prob at the row's temperature (``sample_rows``). Rd decode rows then Pr prefill rows."""
+    return step_rows(graphdef, params, cache, batch, spec)

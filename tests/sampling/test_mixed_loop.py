@@ -1,0 +1,175 @@
+"""The mixed loop (``EngineConfig.mixed_steps``) gives what the old path gives.
+
+Each test runs one workload on an engine with ``mixed_steps=True`` and on the same shape with
+``mixed_steps=False`` (and ``decode_steps=1``: every call one ``paged_step``) and compares every
+stop event: tokens, reasons and stops exactly, log-probs to 2e-6 (a token can land in a step
+variant of another shape, whose matmuls round differently in the last fp32 bit; see
+``test_decode_loop``). Pages of 4 tokens, chunks of 8: prompts and tool responses take several
+chunks, which now arrive inside K-step windows.
+"""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature, TopK
+from rstar2_jax.sampling.mixed_loop import mixed_loop
+from rstar2_jax.utils.compiles import CompileCounter
+
+MAX_LEN = 96
+BASE = dict(num_slots=4, page_size=4, max_seq_len=MAX_LEN, prefill_chunk=8, prefill_rows=1)
+
+
+def _decode(ids):  # a toy detokenizer: one letter per token id
+    return "".join(chr(65 + t % 26) for t in ids)
+
+
+def _prompt(n, seed):
+    return np.random.default_rng(seed).integers(0, 128, size=n).tolist()
+
+
+def _run(policy, num_pages, submit, turns=None, *, mixed, k=8, **over):
+    """Step an engine to idle releasing finished sequences unless ``turns()``'s ``on_event`` keeps
+    them; returns (events by seq id, stats, step() calls that ran the device)."""
+    on_event = turns() if turns is not None else None
+    mcfg, graphdef, params = policy
+    cfg = EngineConfig(**{**BASE, **over}, num_pages=num_pages, decode_steps=k, mixed_steps=mixed)
+    eng = PagedEngine(graphdef, params, mcfg, cfg, decode_fn=_decode)
+    submit(eng)
+    out, calls = {}, 0
+    while eng.has_work():
+        evs = eng.step()
+        calls += 1
+        for ev in evs:
+            out.setdefault(ev.seq_id, []).append(ev)
+            if on_event is None or not on_event(eng, ev):
+                eng.release(ev.seq_id)
+        eng.page_table.check_invariants()
+    assert eng.free_pages() == num_pages - 1  # no page leaked, every reservation given back
+    assert eng.stats().seqs_holding_pages == 0
+    return out, eng.stats(), calls
+
+
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for sid in a:
+        for x, y in zip(a[sid], b[sid], strict=True):
+            assert (x.tokens, x.reason, x.stop) == (y.tokens, y.reason, y.stop), sid
+            np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=2e-6)
+
+
+def _compare(policy, num_pages, submit, turns=None, **over):
+    """Old single steps, old path with the decode loop, and the mixed path: all the same events."""
+    single, s1, c1 = _run(policy, num_pages, submit, turns, mixed=False, k=1, **over)
+    old, so, co = _run(policy, num_pages, submit, turns, mixed=False, **over)
+    new, sn, cn = _run(policy, num_pages, submit, turns, mixed=True, **over)
+    _assert_same(single, old)
+    _assert_same(single, new)
+    assert sn.mixed_loop_calls > 0 and so.mixed_loop_calls == 0
+    assert cn < co  # fewer device calls than the old path
+    return new, sn, (s1, so), (c1, co, cn)
+
+
+def _tool_turns(tool_len, turns):
+    """A maker of ``on_event``: resume each sequence with a tool response of ``tool_len`` tokens
+    ``turns`` times."""
+    return lambda: _on_event(tool_len, turns, {})
+
+
+def _on_event(tool_len, turns, seen):
+    def on_event(e, ev):
+        n = seen.get(ev.seq_id, 0)
+        if n >= turns or len(e.tokens(ev.seq_id)) + tool_len + 12 > MAX_LEN:
+            return False
+        seen[ev.seq_id] = n + 1
+        e.resume(ev.seq_id, _prompt(tool_len, 1000 + 10 * ev.seq_id + n), max_new_tokens=6 + 3 * n)
+        return True
+
+    return on_event
+
+
+def test_chunks_arrive_inside_windows(policy):
+    # more requests than slots, long prompts (several chunks) while others decode, tool responses
+    # (extend chunks of 11 tokens: one left over goes through a decode row) on every stop
+    def submit(e):
+        for i in range(7):
+            e.submit(Request(prompt=_prompt(5 + 4 * i, 10 + i), key=i, max_new_tokens=9 + 2 * i,
+                             sampler=TopK(k=20) if i == 2 else Greedy() if i == 4 else Temperature(),
+                             stop_token_ids=tuple(range(9 * i, 9 * i + 3))))
+
+    new, sn, (s1, so), (c1, co, cn) = _compare(policy, 128, submit, _tool_turns(11, 2))
+    assert sum(len(v) for v in new.values()) > 7  # resumed segments ran
+    assert sn.decode_tokens == so.decode_tokens and sn.prefill_tokens == so.prefill_tokens
+    assert sn.discarded_tokens == 0
+
+
+def test_stop_strings_decode_in_the_loop(policy):
+    def submit(e):
+        for i in range(5):
+            e.submit(Request(prompt=_prompt(6 + 3 * i, 40 + i), key=i, max_new_tokens=30,
+                             sampler=Temperature(), stop_strings=("Q", "XY") if i % 2 == 0 else ("BA",),
+                             stop_token_ids=tuple(range(100, 100 + 9 * (i == 1)))))  # 9 ids > STOP_WIDTH
+
+    new, sn, (s1, so), _ = _compare(policy, 128, submit, _tool_turns(9, 1))
+    reasons = [ev.reason for evs in new.values() for ev in evs]
+    assert "stop_string" in reasons
+    assert sn.discarded_tokens > 0  # rows ran past stops the device does not see, and were cut
+    assert so.decode_loop_calls < sn.decode_loop_calls + sn.mixed_loop_calls
+
+
+def test_preemption_pressure(policy):
+    # 15 usable pages x 4 = 60 positions for 4 slots growing to ~40 tokens each
+    def submit(e):
+        for i in range(6):
+            e.submit(Request(prompt=_prompt(10 + i, 50 + i), key=i, max_new_tokens=28,
+                             sampler=Greedy() if i % 2 else Temperature()))
+
+    _, sn, _, _ = _compare(policy, 16, submit, _tool_turns(9, 1))
+    assert sn.preemptions > 0
+
+
+def test_forks_and_resumes(policy):
+    def submit(e):  # templates of 13 and 20 tokens (2 and 3 chunks); 13: a partial last page copied per child
+        e.submit_group(Request(prompt=_prompt(14, 3), key=5, max_new_tokens=13, sampler=Temperature()), 3,
+                       child_max_new_tokens=[13, 9, 20])
+        e.submit(Request(prompt=_prompt(17, 4), key=9, max_new_tokens=15, stop_strings=("Q",)))
+        e.submit_group(Request(prompt=_prompt(21, 5), key=6, max_new_tokens=11, sampler=TopK(k=5)), 2)
+
+    new, sn, (s1, so), _ = _compare(policy, 128, submit, _tool_turns(10, 1))
+    assert sn.page_copies == so.page_copies == s1.page_copies == 3
+
+
+def test_bfloat16_kv_and_buckets(policy):
+    def submit(e):
+        for i in range(5):
+            e.submit(Request(prompt=_prompt(9 + 5 * i, 70 + i), key=i, max_new_tokens=12, sampler=Temperature()))
+
+    _compare(policy, 128, submit, _tool_turns(13, 1), kv_dtype="bfloat16", decode_row_buckets=(2,),
+             prefill_rows=2)
+
+
+def test_compiles_once_per_shape(policy):
+    mcfg, graphdef, params = policy
+    cfg = EngineConfig(**BASE, num_pages=128, decode_steps=8, mixed_steps=True)
+    counter = CompileCounter()
+    sizes = []
+    for r in range(2):  # a second engine of the same shape reuses every compiled variant
+        eng = PagedEngine(graphdef, params, mcfg, cfg, decode_fn=_decode)
+        eng.warmup()
+        counter.take()
+        for i in range(6):
+            eng.submit(Request(prompt=_prompt(4 + 5 * i, i), key=i, max_new_tokens=9 + i, stop_token_ids=(3, 4),
+                               stop_strings=("Q",) if i % 2 else ()))
+        for ev in eng.run_until_idle():
+            eng.release(ev.seq_id)
+        assert counter.take() == 0  # warmup compiled everything the run needed
+        assert eng.stats().mixed_loop_calls > 0
+        sizes.append(mixed_loop._cache_size())
+    assert sizes[0] == sizes[1]
+
+
+def test_config_validates():
+    with pytest.raises(ValueError, match="mixed_steps"):
+        EngineConfig(num_pages=8, mixed_steps=1)
+    assert dataclasses.replace(EngineConfig(num_pages=8), mixed_steps=True).mixed_steps
