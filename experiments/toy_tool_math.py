@@ -30,6 +30,7 @@ from pathlib import Path  # noqa: E402
 
 from flax import nnx  # noqa: E402
 
+from rstar2_jax.async_loop import AsyncConfig  # noqa: E402
 from rstar2_jax.config import ModelConfig  # noqa: E402
 from rstar2_jax.data.chat import chat_segments, render_records  # noqa: E402
 from rstar2_jax.data.regimes import REGIMES, get_regime  # noqa: E402
@@ -122,6 +123,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--scripted-policy", action="store_true",
                     help="RL rollouts from a scripted policy over the real engines (a real tool call, then the right "
                          "answer for even samples, a wrong one for odd): every step updates; for tests (the golden)")
+    ap.add_argument("--max-staleness", type=int, default=0,
+                    help="asynchronous RL (docs/design.md §5.2): the rollout generates the next batches while the "
+                         "learner trains; no trained token is more than K policy versions old. 0: synchronous")
+    ap.add_argument("--lookahead", type=int, default=None,
+                    help="async RL: batches the rollout may run ahead of the learner (default: --max-staleness); "
+                         "more than K makes groups stale: dropped (or --stale keep)")
+    ap.add_argument("--stale", default="drop", choices=("drop", "keep"),
+                    help="async RL: a group with a sample more than K versions old is dropped whole, or kept")
     ap.add_argument("--ckpt-every", type=int, default=5, help="RL steps between checkpoints")
     ap.add_argument("--ckpt-every-sft", type=int, default=20, help="SFT steps between checkpoints")
     ap.add_argument("--resume", action="store_true",
@@ -141,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "hidden", "layers", "sandbox_workers", "devices_per_engine", "ckpt_every", "ckpt_every_sft", "sft_batch", "sft_seq_len"):
         if getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("rl_steps", "copy_drills"):
+    for name in ("rl_steps", "copy_drills", "max_staleness"):
         if getattr(args, name) < 0:
             errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.old_logp is None:
@@ -161,6 +170,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         errors.append(f"--bpe-vocab must be >= {ByteTokenizer().vocab_size} (bytes + specials), got {args.bpe_vocab}")
     if args.hidden % 4:
         errors.append(f"--hidden must be a multiple of 4 (heads), got {args.hidden}")
+    if args.lookahead is not None and args.lookahead < 0:
+        errors.append(f"--lookahead must be >= 0, got {args.lookahead}")
     if errors:
         ap.error("; ".join(errors))
     return args
@@ -297,7 +308,8 @@ def main(argv: list[str] | None = None) -> dict:
             sft=SFTPart(cfg=sft_cfg, shards=1, load_shard=lambda s: examples, ckpt_every=args.ckpt_every_sft,
                         cache_load=lambda: load_sft_cache(args, params, sft_cfg),
                         cache_save=lambda st, rows: save_sft_cache(args, st, sft_cfg, rows)),
-            eval_problems=heldout, eval_cfg=EvalConfig(k=1, budget=args.budget, template=tpl))
+            eval_problems=heldout, eval_cfg=EvalConfig(k=1, budget=args.budget, template=tpl),
+            async_rl=AsyncConfig(max_staleness=args.max_staleness, lookahead=args.lookahead, stale=args.stale))
         rc = RunConfig(out=out, seed=args.seed, ckpt_every=args.ckpt_every, eval_every=args.eval_every,
                        resume=args.resume, allow_changed=tuple(args.allow_changed), sinks=("jsonl", *args.log),
                        run_config=run_config(args), show_progress=show,
