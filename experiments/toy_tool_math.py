@@ -104,6 +104,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--devices-per-engine", type=int, default=1,
                     help="tensor-parallel degree of each engine (engines x this <= local devices)")
     ap.add_argument("--slots", type=int, default=32, help="decode slots per engine")
+    ap.add_argument("--engine-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the engines' copy of the weights and their K/V pages (the trainer stays float32); "
+                         "the sampler/trainer mismatch is train/mismatch/* with --old-logp recompute")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sandbox-workers", type=int, default=2, help="local: pool workers; ray: workers per node")
@@ -183,13 +186,15 @@ def build_model(args: argparse.Namespace, vocab: int) -> ModelConfig:
 
 def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, tok) -> list[PagedEngine]:
     """``--engines`` engines of ``--devices-per-engine`` local devices each (``sampling.placement``)."""
+    bf16 = args.engine_dtype == "bfloat16"
     placement = plan_placement(PlacementConfig(devices_per_engine=args.devices_per_engine,
-                                               engines_per_process=args.engines), mcfg)
+                                               engines_per_process=args.engines,
+                                               weight_dtype="bfloat16" if bf16 else None), mcfg)
     print(placement.table(), placement.line(), sep="\n")
     page_size = 16
     pages = args.slots * math.ceil(max_seq_len / page_size) // 2 + 8  # ~half the worst case: paging pays
     ecfg = EngineConfig(num_slots=args.slots, page_size=page_size, max_seq_len=max_seq_len, num_pages=pages,
-                        prefill_chunk=128)
+                        prefill_chunk=128, kv_dtype="bfloat16" if bf16 else None)
     placed = WeightSync(placement.layouts).place(params)
     return [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
             for p, lay in zip(placed, placement.layouts)]
