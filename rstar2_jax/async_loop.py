@@ -60,13 +60,16 @@ class AsyncConfig:
     """``max_staleness`` k: no trained token is more than k versions behind the learner (0: the
     synchronous loop); ``lookahead`` L: batches the rollout may run ahead (None: k); ``stale``: what
     happens to a group with a sample more than k behind; ``fresh``: generate with the newest weights
-    (not the schedule's, nondeterministic); ``threaded``: False runs the schedule in one thread."""
+    (not the schedule's, nondeterministic); ``threaded``: False runs the schedule in one thread;
+    ``inflight``: every update's weights reach the engines between two steps of the running batch
+    (live sequences keep their K/V; nondeterministic; implies ``fresh``)."""
 
     max_staleness: int = 0
     lookahead: int | None = None
     stale: StaleRule = "drop"
     fresh: bool = False
     threaded: bool = True
+    inflight: bool = False  # push each update's weights into the running batch (``Rollout.push``)
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
@@ -75,6 +78,8 @@ class AsyncConfig:
             raise ValueError(f"AsyncConfig.lookahead must be >= 0, got {self.lookahead}")
         if self.stale not in ("drop", "keep"):
             raise ValueError(f"AsyncConfig.stale must be 'drop' or 'keep', got {self.stale!r}")
+        if self.inflight and not self.threaded:
+            raise ValueError("AsyncConfig.inflight needs threaded=True (weights reach a batch while it runs)")
 
     @property
     def ahead(self) -> int:
@@ -197,6 +202,9 @@ class AsyncRL:
             if self._needed(b + 1):
                 self.published[b + 1] = self._snapshot()
             self.cv.notify_all()
+        if self.cfg.inflight:
+            params, version = self.published.get(b + 1) or self._snapshot()
+            self.rollout.push(params, version=version)
         m.update(self._rollout_metrics(trajs, keep, passed, sel, res))
         n = max(k, self.cfg.ahead)
         lo = sel.offsets[jax.process_index()]
@@ -252,7 +260,7 @@ class AsyncRL:
 
     def _needed(self, c: int) -> bool:
         """Whether a batch may still be generated with the weights after ``c`` consumed batches."""
-        return self.cfg.fresh or c + self.cfg.ahead >= self.next_gen or c == self.drain_at
+        return self.cfg.fresh or self.cfg.inflight or c + self.cfg.ahead >= self.next_gen or c == self.drain_at
 
     def _sync(self, c: int) -> None:
         params, version = self.published[c]
@@ -280,12 +288,13 @@ class AsyncRL:
         with self.cv:
             spec = self.requests.pop(b)
             self.next_gen, self.generating = b + 1, b
-            w = max(self.published) if self.cfg.fresh else weights_index(b, self.cfg.ahead, self.drain_at)
+            fresh = self.cfg.fresh or self.cfg.inflight
+            w = max(self.published) if fresh else weights_index(b, self.cfg.ahead, self.drain_at)
             params, version = self.published[w]
             for c in [c for c in self.published if c < w and c != self.consumed]:
                 del self.published[c]  # no later batch uses them
         try:
-            if self.rollout.version != version:
+            if self.rollout.version != version and not (self.cfg.inflight and self.rollout.version > version):
                 self.rollout.sync(params, version=version)
             res: RolloutResult | BaseException = self.rollout.generate(spec.problems, seed=spec.seed,
                                                                         budget=spec.budget)

@@ -159,3 +159,38 @@ def test_lookahead_zero_equals_rl_step(policy, pool):
         for k in ("reward", "n_kept", "train/loss", "train/grad_norm", "train/version_min", "response_len"):
             assert got[k] == w[k], k
     assert _params_sum(la) == _params_sum(learner)
+
+
+def test_inflight_push_reaches_a_running_batch_and_stamps_versions(pool):
+    """``Rollout.push`` while a batch runs: the workers swap between steps; each token carries the version
+    that sampled it (a trajectory may span both), versions never go down within a trajectory."""
+    import threading
+
+    rcfg = RolloutConfig(n_samples=4, budget=300, template=TemplateConfig.toy(report_exec_time=False))
+    rollout = Rollout([ScriptedEngine(TOK, script, step_s=0.05)], pool, TOK, rcfg)
+    rollout.sync("params-0", version=0)
+    out = {}
+    th = threading.Thread(target=lambda: out.setdefault("res", rollout.generate(PROBLEMS, seed=0)))
+    th.start()
+    import time
+    time.sleep(0.08)
+    rollout.push("params-1", version=1)
+    th.join()
+    seen = set()
+    for t in out["res"].trajectories:
+        vs = [v for v, m in zip(t.versions, t.loss_mask) if m]
+        assert vs == sorted(vs) and set(vs) <= {0, 1}
+        seen |= set(vs)
+    assert 1 in seen and rollout.version == 1 and rollout.engines[0].params == "params-1"
+    rollout.push("params-2", version=2)  # between batches: swapped in at the next one's start
+    res = rollout.generate(PROBLEMS, seed=1)
+    assert {v for t in res.trajectories for v, m in zip(t.versions, t.loss_mask) if m} == {2}
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_inflight_updates_keep_the_staleness_bound(policy, pool, k):
+    rows, learner = _run_async(policy, pool, AsyncConfig(max_staleness=k, inflight=True), 4)
+    assert learner.version == 4
+    for m in rows:
+        assert m["train/staleness_max"] <= k and m["async/dropped_samples"] == 0
+        assert sum(m[f"train/staleness_frac_{s}"] for s in range(k + 1)) == pytest.approx(1.0)

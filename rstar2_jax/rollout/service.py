@@ -72,6 +72,13 @@ class Rollout:
         """The policy version of the engines' weights, stamped on every token they sample (0 before any sync)."""
         return self.dispatcher.policy_version
 
+    def push(self, params: Any, *, version: int) -> None:
+        """In-flight weight update (any thread, e.g. the learner's while a batch runs): every engine
+        gets ``params`` between two steps, its live sequences keep their K/V, and each token carries
+        the version that sampled it (``Dispatcher.push``; the engines need ``swap_params``)."""
+        placed = self.weight_sync.place(params) if self.weight_sync is not None else [params] * len(self.engines)
+        self.dispatcher.push(placed, version)
+
     def sync(self, params: Any, *, version: int | None = None) -> SyncStats:
         """Every engine gets ``params``: resharded on device to each engine's layout when every
         engine has one (``WeightSync``), else each engine places them itself. ``version``: their policy

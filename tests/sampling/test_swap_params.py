@@ -77,3 +77,34 @@ def test_swap_with_the_prefix_cache_and_live_sequences_is_refused(policy, new_pa
     eng.step()
     with pytest.raises(NotImplementedError, match="prefix cache"):
         eng.swap_params(params)
+
+
+def test_worker_stamps_each_token_with_the_version_that_sampled_it(policy, new_params):
+    """The engine worker (``rollout.worker``) swaps between two steps and reports per-token versions:
+    the old version up to the swap's token, the new one after (the tokens: the test above)."""
+    import queue
+
+    from rstar2_jax.rollout.messages import Admitted, Stepped, SubmitGroup, SwapParams
+    from rstar2_jax.rollout.worker import EngineWorker
+
+    mcfg, graphdef, params = policy
+    eng = PagedEngine(graphdef, params, mcfg, CFG)
+    out = queue.Queue()
+    w = EngineWorker(0, eng, out, 0.0, version=4)
+    w._apply(SubmitGroup("g", _request(Greedy()), 2))
+    ids = out.get().seq_ids
+    steps, stepped = 0, []
+    while len(eng.tokens(ids[0])) - len(PROMPT) < 3:
+        steps = w._step(steps)
+    swap_at = len(eng.tokens(ids[0])) - len(PROMPT)
+    w._apply(SwapParams(new_params, 5))
+    while eng.has_work():
+        steps = w._step(steps)
+    while not out.empty():
+        msg = out.get()
+        if isinstance(msg, Stepped) and msg.events:
+            stepped.append(msg)
+    (msg,) = stepped  # both samples stop in the same step (a group, greedy, same budget)
+    assert msg.versions is not None
+    for ev, versions in zip(msg.events, msg.versions):
+        assert list(versions) == [4] * swap_at + [5] * (N - swap_at)
