@@ -132,6 +132,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--lookahead", type=int, default=None,
                     help="async RL: batches the rollout may run ahead of the learner (default: --max-staleness); "
                          "more than K makes groups stale: dropped (or --stale keep)")
+    ap.add_argument("--inflight-updates", action="store_true",
+                    help="async RL: each update's weights reach the engines between two decode steps of the running "
+                         "batch (sequences keep their K/V; each token carries the version that sampled it); the "
+                         "schedule then depends on timing")
     ap.add_argument("--stale", default="drop", choices=("drop", "keep"),
                     help="async RL: a group with a sample more than K versions old is dropped whole, or kept")
     ap.add_argument("--ckpt-every", type=int, default=5, help="RL steps between checkpoints")
@@ -173,6 +177,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         errors.append(f"--bpe-vocab must be >= {ByteTokenizer().vocab_size} (bytes + specials), got {args.bpe_vocab}")
     if args.hidden % 4:
         errors.append(f"--hidden must be a multiple of 4 (heads), got {args.hidden}")
+    if args.inflight_updates and args.max_staleness < 1:
+        errors.append("--inflight-updates needs --max-staleness >= 1 (asynchronous RL)")
     if args.lookahead is not None and args.lookahead < 0:
         errors.append(f"--lookahead must be >= 0, got {args.lookahead}")
     if errors:
@@ -314,7 +320,8 @@ def main(argv: list[str] | None = None) -> dict:
                         cache_load=lambda: load_sft_cache(args, params, sft_cfg),
                         cache_save=lambda st, rows: save_sft_cache(args, st, sft_cfg, rows)),
             eval_problems=heldout, eval_cfg=EvalConfig(k=1, budget=args.budget, template=tpl),
-            async_rl=AsyncConfig(max_staleness=args.max_staleness, lookahead=args.lookahead, stale=args.stale))
+            async_rl=AsyncConfig(max_staleness=args.max_staleness, lookahead=args.lookahead, stale=args.stale,
+                                 inflight=args.inflight_updates))
         rc = RunConfig(out=out, seed=args.seed, ckpt_every=args.ckpt_every, eval_every=args.eval_every,
                        resume=args.resume, allow_changed=tuple(args.allow_changed), sinks=("jsonl", *args.log),
                        run_config=run_config(args), show_progress=show,
