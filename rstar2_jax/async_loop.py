@@ -203,8 +203,8 @@ class AsyncRL:
                 self.published[b + 1] = self._snapshot()
             self.cv.notify_all()
         if self.cfg.inflight:
-            params, version = self.published.get(b + 1) or self._snapshot()
-            self.rollout.push(params, version=version)
+            placed, version = self.published.get(b + 1) or self._snapshot()
+            self.rollout.push(placed, version=version, placed=True)
         m.update(self._rollout_metrics(trajs, keep, passed, sel, res))
         n = max(k, self.cfg.ahead)
         lo = sel.offsets[jax.process_index()]
@@ -255,17 +255,18 @@ class AsyncRL:
 
     # ---- helpers ---------------------------------------------------------------------------------
     def _snapshot(self) -> tuple[Any, int]:
-        """A copy of the learner's weights (the next update donates its state's buffers)."""
-        return jax.tree.map(jnp.copy, self.learner.params), self.learner.version
+        """Each engine's copy of the learner's weights, made now on this (the main) thread: the next
+        update donates the state's buffers, and the resharding is a collective with several processes."""
+        return self.rollout.place(jax.tree.map(jnp.copy, self.learner.params)), self.learner.version
 
     def _needed(self, c: int) -> bool:
         """Whether a batch may still be generated with the weights after ``c`` consumed batches."""
         return self.cfg.fresh or self.cfg.inflight or c + self.cfg.ahead >= self.next_gen or c == self.drain_at
 
     def _sync(self, c: int) -> None:
-        params, version = self.published[c]
+        placed, version = self.published[c]
         if self.rollout.version != version or c == self.drain_at:
-            self.rollout.sync(params, version=version)
+            self.rollout.sync_placed(placed, version=version)
 
     def _wait(self, b: int) -> RolloutResult:
         if not self.cfg.threaded:
@@ -290,12 +291,12 @@ class AsyncRL:
             self.next_gen, self.generating = b + 1, b
             fresh = self.cfg.fresh or self.cfg.inflight
             w = max(self.published) if fresh else weights_index(b, self.cfg.ahead, self.drain_at)
-            params, version = self.published[w]
+            placed, version = self.published[w]
             for c in [c for c in self.published if c < w and c != self.consumed]:
                 del self.published[c]  # no later batch uses them
         try:
             if self.rollout.version != version and not (self.cfg.inflight and self.rollout.version > version):
-                self.rollout.sync(params, version=version)
+                self.rollout.sync_placed(placed, version=version)
             res: RolloutResult | BaseException = self.rollout.generate(spec.problems, seed=spec.seed,
                                                                         budget=spec.budget)
         except BaseException as ex:  # noqa: BLE001 - handed to the learner's thread, which raises it
