@@ -6,8 +6,8 @@ update -> sync), unchanged. With ``AsyncConfig(max_staleness=k, lookahead=L)`` (
 background thread owns the ``Rollout`` (engines, dispatcher) and the main thread scores and updates:
 
 * **Schedule.** Batch b (0-based over the run: the batch RL step b + 1 trains) may start once the
-  learner has consumed batch ``b - L - 1``'s successor, i.e. ``c >= w(b)`` consumed batches, where
-  ``w(b) = max(b - L, d)`` and d is the last drain point (below) at or before b; it is generated with
+  learner has consumed ``c >= w(b)`` batches, where ``w(b) = max(b - L, d)`` and d is the last drain
+  point (below) at or before b; it is generated with
   exactly the weights the learner had after consuming ``w(b)`` batches (``fresh=True``: the newest
   published at its start, at least those; faster, but the schedule then depends on timing). Weights
   change only between batches, so every token of batch b carries that one version.
