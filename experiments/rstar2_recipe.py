@@ -30,6 +30,7 @@ from rstar2_jax.data.chat import render_records, validate_record
 from rstar2_jax.data.datasets import iter_jsonl, load_dataset, write_jsonl
 from rstar2_jax.eval import EvalConfig
 from rstar2_jax.learner import LearnerConfig
+from rstar2_jax.async_loop import AsyncConfig
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
 from rstar2_jax.recipe import STAGES, RecipeConfig, RecipeSchedule
 from rstar2_jax.rewards import RewardFn
@@ -235,7 +236,8 @@ def main(argv: list[str] | None = None) -> dict:
                         load_shard=lambda s: render_records(records[s], tok, tpl)),
             eval_problems=eval_problems,
             eval_cfg=EvalConfig(k=cfg.eval_k, sampler=Greedy() if cfg.eval_k == 1 else Temperature(
-                temperature=cfg.temperature), budget=cfg.eval_budget or cfg.stage2_budget, template=tpl))
+                temperature=cfg.temperature), budget=cfg.eval_budget or cfg.stage2_budget, template=tpl),
+            async_rl=AsyncConfig(max_staleness=cfg.max_staleness))
         run_cfg = {**cfg.to_json(), "seed": args.seed, "dry_run": args.dry_run}
         rc = RunConfig(out=out, seed=args.seed, ckpt_every=cfg.ckpt_every, eval_every=cfg.eval_every,
                        resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),

@@ -11,18 +11,20 @@ from __future__ import annotations
 import os
 import sys
 
-def _flag(name: str, default: int) -> int:
+def _flag(name: str, default: int, minimum: int = 1) -> int:
     v = next((a.split("=")[1] for a in sys.argv if a.startswith(f"--{name}=")), None)
     if v is None and f"--{name}" in sys.argv:
         v = sys.argv[sys.argv.index(f"--{name}") + 1]
-    return max(1, int(v or default))
+    return max(minimum, int(v or default))
 
 
-if "jax" not in sys.modules:  # fake CPU devices: devices_per_engine per engine, so engines run concurrently
+if "jax" not in sys.modules:  # fake CPU devices: devices_per_engine per engine (+ the learner's), so engines run concurrently
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count="
-                          f"{_flag('engines', 2) * _flag('devices-per-engine', 1)}")
+                          f"{_flag('learner-devices', 0, 0) + _flag('engines', 2) * _flag('devices-per-engine', 1)}")
 
 import argparse  # noqa: E402
+
+import jax  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
 import time  # noqa: E402
@@ -30,7 +32,10 @@ from pathlib import Path  # noqa: E402
 
 from flax import nnx  # noqa: E402
 
-from rstar2_jax.config import ModelConfig  # noqa: E402
+from rstar2_jax.async_loop import AsyncConfig  # noqa: E402
+from rstar2_jax.config import MeshConfig, ModelConfig  # noqa: E402
+from rstar2_jax.distributed import global_params  # noqa: E402
+from rstar2_jax.model import make_mesh  # noqa: E402
 from rstar2_jax.data.chat import chat_segments, render_records  # noqa: E402
 from rstar2_jax.data.regimes import REGIMES, get_regime  # noqa: E402
 from rstar2_jax.data.sft_traces import build_traces, copy_drills  # noqa: E402
@@ -103,6 +108,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--devices-per-engine", type=int, default=1,
                     help="tensor-parallel degree of each engine (engines x this <= local devices)")
     ap.add_argument("--slots", type=int, default=32, help="decode slots per engine")
+    ap.add_argument("--learner-devices", type=int, default=0,
+                    help="0: the learner and the engines share the devices (learner on device 0); N: the learner "
+                         "trains on devices 0..N-1 (a mesh) and the engines take the next ones (disjoint placement)")
+    ap.add_argument("--engine-dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="the engines' copy of the weights and their K/V pages (the trainer stays float32); "
+                         "the sampler/trainer mismatch is train/mismatch/* with --old-logp recompute")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sandbox-workers", type=int, default=2, help="local: pool workers; ray: workers per node")
@@ -122,6 +133,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--scripted-policy", action="store_true",
                     help="RL rollouts from a scripted policy over the real engines (a real tool call, then the right "
                          "answer for even samples, a wrong one for odd): every step updates; for tests (the golden)")
+    ap.add_argument("--max-staleness", type=int, default=0,
+                    help="asynchronous RL (docs/design.md §5.2): the rollout generates the next batches while the "
+                         "learner trains; no trained token is more than K policy versions old. 0: synchronous")
+    ap.add_argument("--lookahead", type=int, default=None,
+                    help="async RL: batches the rollout may run ahead of the learner (default: --max-staleness); "
+                         "more than K makes groups stale: dropped (or --stale keep)")
+    ap.add_argument("--inflight-updates", action="store_true",
+                    help="async RL: each update's weights reach the engines between two decode steps of the running "
+                         "batch (sequences keep their K/V; each token carries the version that sampled it); the "
+                         "schedule then depends on timing")
+    ap.add_argument("--stale", default="drop", choices=("drop", "keep"),
+                    help="async RL: a group with a sample more than K versions old is dropped whole, or kept")
     ap.add_argument("--ckpt-every", type=int, default=5, help="RL steps between checkpoints")
     ap.add_argument("--ckpt-every-sft", type=int, default=20, help="SFT steps between checkpoints")
     ap.add_argument("--resume", action="store_true",
@@ -141,7 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "hidden", "layers", "sandbox_workers", "devices_per_engine", "ckpt_every", "ckpt_every_sft", "sft_batch", "sft_seq_len"):
         if getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("rl_steps", "copy_drills"):
+    for name in ("rl_steps", "copy_drills", "max_staleness", "learner_devices"):
         if getattr(args, name) < 0:
             errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.old_logp is None:
@@ -161,6 +184,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         errors.append(f"--bpe-vocab must be >= {ByteTokenizer().vocab_size} (bytes + specials), got {args.bpe_vocab}")
     if args.hidden % 4:
         errors.append(f"--hidden must be a multiple of 4 (heads), got {args.hidden}")
+    if args.inflight_updates and args.max_staleness < 1:
+        errors.append("--inflight-updates needs --max-staleness >= 1 (asynchronous RL)")
+    if args.lookahead is not None and args.lookahead < 0:
+        errors.append(f"--lookahead must be >= 0, got {args.lookahead}")
     if errors:
         ap.error("; ".join(errors))
     return args
@@ -172,13 +199,16 @@ def build_model(args: argparse.Namespace, vocab: int) -> ModelConfig:
 
 def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, tok) -> list[PagedEngine]:
     """``--engines`` engines of ``--devices-per-engine`` local devices each (``sampling.placement``)."""
+    bf16 = args.engine_dtype == "bfloat16"
     placement = plan_placement(PlacementConfig(devices_per_engine=args.devices_per_engine,
-                                               engines_per_process=args.engines), mcfg)
+                                               engines_per_process=args.engines,
+                                               weight_dtype="bfloat16" if bf16 else None), mcfg,
+                               jax.local_devices()[args.learner_devices:])  # after the learner's, if disjoint
     print(placement.table(), placement.line(), sep="\n")
     page_size = 16
     pages = args.slots * math.ceil(max_seq_len / page_size) // 2 + 8  # ~half the worst case: paging pays
     ecfg = EngineConfig(num_slots=args.slots, page_size=page_size, max_seq_len=max_seq_len, num_pages=pages,
-                        prefill_chunk=128)
+                        prefill_chunk=128, kv_dtype="bfloat16" if bf16 else None)
     placed = WeightSync(placement.layouts).place(params)
     return [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
             for p, lay in zip(placed, placement.layouts)]
@@ -277,6 +307,10 @@ def main(argv: list[str] | None = None) -> dict:
 
         mcfg = build_model(args, tok.vocab_size)
         graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
+        mesh = None
+        if args.learner_devices:  # disjoint: the learner's mesh on the first devices, the engines after them
+            mesh = make_mesh(MeshConfig(), jax.local_devices()[: args.learner_devices])
+            params = global_params(params, mesh)
         max_seq_len = max(len(e[0]) for e in examples) + args.budget + 64
 
         def make_rollout():
@@ -290,14 +324,16 @@ def main(argv: list[str] | None = None) -> dict:
             return Rollout(rl_engines, pool, tok, rollout_cfg), engines
 
         parts = Parts(
-            graphdef=graphdef, params=params, mesh=None, rl=rl_cfg, pad_id=tok.pad_id,
+            graphdef=graphdef, params=params, mesh=mesh, rl=rl_cfg, pad_id=tok.pad_id,
             learner=LearnerConfig(rl=rl_cfg, seq_len=max_seq_len, rows=args.problems_per_step * args.group),
             make_rollout=make_rollout, pool=pool, tokenizer=tok, reward_fn=reward_fn,
             schedule=OneStage(problems_list=rl_problems, steps=args.rl_steps, problems_per_step=args.problems_per_step),
             sft=SFTPart(cfg=sft_cfg, shards=1, load_shard=lambda s: examples, ckpt_every=args.ckpt_every_sft,
                         cache_load=lambda: load_sft_cache(args, params, sft_cfg),
                         cache_save=lambda st, rows: save_sft_cache(args, st, sft_cfg, rows)),
-            eval_problems=heldout, eval_cfg=EvalConfig(k=1, budget=args.budget, template=tpl))
+            eval_problems=heldout, eval_cfg=EvalConfig(k=1, budget=args.budget, template=tpl),
+            async_rl=AsyncConfig(max_staleness=args.max_staleness, lookahead=args.lookahead, stale=args.stale,
+                                 inflight=args.inflight_updates))
         rc = RunConfig(out=out, seed=args.seed, ckpt_every=args.ckpt_every, eval_every=args.eval_every,
                        resume=args.resume, allow_changed=tuple(args.allow_changed), sinks=("jsonl", *args.log),
                        run_config=run_config(args), show_progress=show,

@@ -91,6 +91,8 @@ class RecipeConfig:
     ray_address: str | None = None  # ray backend: ray.init(address=...) (None: a local Ray instance)
     ckpt_every: int = 10
     template: Literal["full", "toy"] = "full"  # "full" rStar2 prompt, or "toy"
+    # asynchronous RL (docs/design.md §5.2): no trained token more than this many versions old; 0: synchronous
+    max_staleness: int = 0
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str) -> ValueError:
@@ -106,7 +108,7 @@ class RecipeConfig:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise bad(name, "a positive int or null")
-        for name in ("stage1_max_steps", "stage2_max_steps", "stage3_steps", "warmup_steps"):
+        for name in ("stage1_max_steps", "stage2_max_steps", "stage3_steps", "warmup_steps", "max_staleness"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "an int >= 0")
         for name in ("sft_lr", "rl_lr", "temperature", "sft_epochs", "kv_memory_gb"):

@@ -27,6 +27,8 @@ is dropped when it finishes, aborts or errors.
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from collections import Counter, deque
 from typing import Any, Mapping, Sequence
@@ -34,8 +36,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from rstar2_jax.admission import AdmissionLedger, EngineShape, admit
-from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, ImportSeq, MoveOut, Refused, Release,
-                                         Resume, Stepped, StopWorker, SubmitGroup, ToolDone)
+from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, ImportSeq, MoveOut, PushWeights, Refused,
+                                         Release, Resume, Stepped, StopWorker, SubmitGroup, SwapParams, ToolDone)
 from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.state import Batch, Group, RolloutConfig, RolloutResult
 from rstar2_jax.rollout.template import ToolCall, ToolCallError, render_prompt
@@ -76,6 +78,8 @@ class Dispatcher:
             raise ValueError("Dispatcher needs at least one engine")
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
         self.policy_version = 0  # version of the engines' weights (``Rollout.sync``): stamped on each sampled token
+        self._push_lock = threading.Lock()  # in-flight updates (``push``): whether a batch runs, what waits
+        self._running, self._pending_push = False, None
         self.ledger = AdmissionLedger(cfg.admission, cfg.budget, [_shape(e) for e in engines], lengths, history)
         for e, x in enumerate(step_s or ()):
             self.ledger.set_step_s(e, x)  # then a moving average of the measured steps
@@ -109,7 +113,13 @@ class Dispatcher:
         self.b.preempt = [s.preemptions for s in start]
         preempt0 = list(self.b.preempt)
         t0 = time.perf_counter()
-        self.workers = [EngineWorker(i, e, self.b.out, t0) for i, e in enumerate(self.engines)]
+        with self._push_lock:  # weights pushed since the last batch: every engine is idle now
+            push, self._pending_push, self._running = self._pending_push, None, True
+        if push is not None and push.version > self.policy_version:
+            for e, p in zip(self.engines, push.params):
+                e.swap_params(p)
+            self.policy_version = push.version
+        self.workers = [EngineWorker(i, e, self.b.out, t0, self.policy_version) for i, e in enumerate(self.engines)]
         for w in self.workers:
             w.start()
         bar = tqdm(total=len(trajs), desc="rollout", disable=not show_progress, leave=False)
@@ -127,6 +137,15 @@ class Dispatcher:
             for w in self.workers:
                 w.join()
             bar.close()
+            with self._push_lock:  # a push not yet forwarded waits for the next batch
+                self._running = False
+                while True:
+                    try:
+                        msg = self.b.out.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(msg, PushWeights):
+                        self._pending_push = msg
         metrics = self._metrics(trajs, time.perf_counter() - t0, preempt0)
         metrics["unshared_children"] = sum(e.stats().unshared_children - s.unshared_children
                                            for e, s in zip(self.engines, start))  # forks that found no room
@@ -160,6 +179,17 @@ class Dispatcher:
             else:
                 self.b.pending.append(group)
         return trajs
+
+    def push(self, params: Sequence[Any], version: int) -> None:
+        """In-flight weight update (any thread): ``params[i]`` for engine i. While a batch runs the
+        workers swap them in between steps (``PagedEngine.swap_params``: live sequences keep their K/V)
+        and report each token's version; else they are swapped in at the next batch's start."""
+        msg = PushWeights(tuple(params), int(version))
+        with self._push_lock:
+            if self._running:
+                self.b.out.put(msg)
+            else:
+                self._pending_push = msg
 
     # -- admission ---------------------------------------------------------------------------------
     def _progress(self, uid: int) -> int:
@@ -204,8 +234,13 @@ class Dispatcher:
             if msg.preemptions > self.b.preempt[e]:
                 self.ledger.on_preemptions(msg.preemptions - self.b.preempt[e])
                 self.b.preempt[e] = msg.preemptions
-            for ev in msg.events:
-                self._on_stop(e, ev)
+            for i, ev in enumerate(msg.events):
+                self._on_stop(e, ev, None if msg.versions is None else msg.versions[i])
+            return
+        if isinstance(msg, PushWeights):
+            for w, p in zip(self.workers, msg.params):
+                w.commands.put(SwapParams(p, msg.version))
+            self.policy_version = msg.version
             return
         self.b.admit_due = True  # a tool answered, a group was admitted, a command was refused
         if isinstance(msg, Admitted):
@@ -229,6 +264,8 @@ class Dispatcher:
         cmd, e = msg.command, msg.engine
         if isinstance(cmd, Release):
             return  # the trajectory is already done; nothing to fail
+        if isinstance(cmd, SwapParams):
+            raise RuntimeError(f"engine {e} cannot take weights in flight: {msg.error}")
         trajs = cmd.group.trajs if isinstance(cmd, (SubmitGroup, MoveOut, ImportSeq)) else \
             [self.b.by_seq.get((e, cmd.seq_id))]
         for t in trajs:
@@ -236,10 +273,10 @@ class Dispatcher:
                 t.finish("error", msg.error)
                 self._finish(t, self.b.seq_of.get(t.uid, (e, None))[1] if isinstance(cmd, Resume) else None)
 
-    def _on_stop(self, e: int, ev: StopEvent) -> None:
+    def _on_stop(self, e: int, ev: StopEvent, versions: Sequence[int] | None = None) -> None:
         t = self.b.by_seq[(e, ev.seq_id)]
         t.on_generated(ev.tokens, ev.logprobs, ev.reason in ("max_new_tokens", "max_seq_len"),
-                       self.tok, self.cfg.template, version=self.policy_version)
+                       self.tok, self.cfg.template, version=self.policy_version if versions is None else versions)
         if t.status is Status.DONE:
             self._finish(t, ev.seq_id)
             return

@@ -68,7 +68,16 @@ class StopWorker:
     """Leave the worker loop (end of a batch)."""
 
 
-Command = SubmitGroup | Resume | Release | MoveOut | ImportSeq | StopWorker
+@dataclasses.dataclass(frozen=True, slots=True)
+class SwapParams:
+    """In-flight weight update (``PagedEngine.swap_params``): live sequences continue with ``params``
+    (placed for this engine); tokens sampled from now on carry ``version``."""
+
+    params: Any
+    version: int
+
+
+Command = SubmitGroup | Resume | Release | MoveOut | ImportSeq | StopWorker | SwapParams
 
 
 # -- events (engine workers and tool callbacks -> dispatcher) ----------------------------------------
@@ -92,6 +101,8 @@ class Stepped:
     preemptions: int
     step_s: float = 0.0
     steps: int = 1
+    # per event, the policy version of each of its tokens; None: no in-flight update yet (one version)
+    versions: tuple[tuple[int, ...], ...] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,4 +142,12 @@ class ToolDone:
     t0: float
 
 
-Event = Admitted | Stepped | Exported | Refused | Crashed | ToolDone
+@dataclasses.dataclass(frozen=True, slots=True)
+class PushWeights:
+    """New weights for every engine while a batch runs (``Rollout.push``): ``params[i]`` placed for engine i."""
+
+    params: tuple[Any, ...]
+    version: int
+
+
+Event = Admitted | Stepped | Exported | Refused | Crashed | ToolDone | PushWeights

@@ -72,6 +72,25 @@ class Rollout:
         """The policy version of the engines' weights, stamped on every token they sample (0 before any sync)."""
         return self.dispatcher.policy_version
 
+    def place(self, params: Any) -> list[Any]:
+        """Each engine's copy of ``params`` (resharded on device when every engine has a layout; else
+        ``params`` itself, each engine places it). The caller's thread runs the resharding (with several
+        processes a collective: the async loop calls it on the main thread, in step order)."""
+        return self.weight_sync.place(params) if self.weight_sync is not None else [params] * len(self.engines)
+
+    def push(self, params: Any, *, version: int, placed: bool = False) -> None:
+        """In-flight weight update (any thread, e.g. the learner's while a batch runs): every engine
+        gets ``params`` (``placed``: already ``place(params)``) between two steps, its live sequences
+        keep their K/V, and each token carries the version that sampled it (``Dispatcher.push``; the
+        engines need ``swap_params``)."""
+        self.dispatcher.push(params if placed else self.place(params), version)
+
+    def sync_placed(self, placed: Sequence[Any], *, version: int) -> None:
+        """``sync`` with each engine's copy already made (``place``): no resharding in this thread."""
+        self.dispatcher.policy_version = int(version)
+        for e, p in zip(self.engines, placed):
+            e.set_params(p)
+
     def sync(self, params: Any, *, version: int | None = None) -> SyncStats:
         """Every engine gets ``params``: resharded on device to each engine's layout when every
         engine has one (``WeightSync``), else each engine places them itself. ``version``: their policy

@@ -13,16 +13,20 @@ import threading
 import time
 
 from rstar2_jax.rollout.messages import (Admitted, Command, Crashed, Event, Exported, ImportSeq, MoveOut, Refused,
-                                         Release, Resume, Stepped, StopWorker, SubmitGroup)
+                                         Release, Resume, Stepped, StopWorker, SubmitGroup, SwapParams)
 from rstar2_jax.sampling.interface import Engine, MovesKV
 
 
 class EngineWorker(threading.Thread):
     """Owns engine ``idx`` for one batch. All pending commands are applied before each step."""
 
-    def __init__(self, idx: int, engine: Engine, out: "queue.Queue[Event]", t0: float):
+    def __init__(self, idx: int, engine: Engine, out: "queue.Queue[Event]", t0: float, version: int = 0):
         super().__init__(daemon=True, name=f"engine-{idx}")
         self.idx, self.engine, self.out, self.t0 = idx, engine, out, t0
+        # in-flight updates: the weights' version, and per live sequence the (token index, version)
+        # from which its tokens were sampled by that version (reported per token once a swap happened)
+        self.version, self.swapped = version, False
+        self.marks: dict[int, list[tuple[int, int]]] = {}
         self.commands: "queue.Queue[Command]" = queue.Queue()
         self.busy_s = 0.0
         self.timeline: list[tuple[float, int]] = []  # (seconds since t0, KV pages in use)
@@ -45,33 +49,60 @@ class EngineWorker(threading.Thread):
                     return
                 self._apply(cmd)
                 continue  # drain all pending commands before stepping
-            t = time.perf_counter()
-            events = self.engine.step()
-            dt = time.perf_counter() - t
-            self.busy_s += dt
-            st = self.engine.stats()
-            self.timeline.append((time.perf_counter() - self.t0, st.kv_pages_in_use))
-            # model steps it ran (1 if the engine does not count them)
-            self.out.put(Stepped(self.idx, tuple(events), st.preemptions, dt, max(st.steps - steps, 1)))
-            steps = st.steps
+            steps = self._step(steps)
+
+    def _step(self, steps: int) -> int:
+        """One engine step, reported (``Stepped``); ``steps``: the engine's model steps before it."""
+        t = time.perf_counter()
+        events = self.engine.step()
+        dt = time.perf_counter() - t
+        self.busy_s += dt
+        st = self.engine.stats()
+        self.timeline.append((time.perf_counter() - self.t0, st.kv_pages_in_use))
+        # model steps it ran (1 if the engine does not count them)
+        versions = tuple(self._versions(ev) for ev in events) if self.swapped else None
+        self.out.put(Stepped(self.idx, tuple(events), st.preemptions, dt, max(st.steps - steps, 1), versions))
+        return st.steps
 
     def _apply(self, cmd: Command) -> None:
         try:
             if isinstance(cmd, SubmitGroup):
                 ids = self.engine.submit_group(cmd.request, cmd.n)
+                for s in ids:
+                    self.marks[s] = [(0, self.version)]
                 self.out.put(Admitted(self.idx, cmd.group, tuple(ids)))
+            elif isinstance(cmd, SwapParams):
+                self._swap(cmd)
             elif isinstance(cmd, Resume):
                 self.engine.resume(cmd.seq_id, cmd.tokens, max_new_tokens=cmd.max_new_tokens)
             elif isinstance(cmd, Release):
+                self.marks.pop(cmd.seq_id, None)
                 self.engine.release(cmd.seq_id)
                 self.timeline.append((time.perf_counter() - self.t0, self.engine.stats().kv_pages_in_use))
             elif isinstance(cmd, MoveOut):
                 self._move_out(cmd)
             elif isinstance(cmd, ImportSeq):
                 sid = self.engine.import_seq(cmd.export, cmd.tokens, max_new_tokens=cmd.max_new_tokens)
+                self.marks[sid] = [(0, self.version)]
                 self.out.put(Admitted(self.idx, cmd.group, (sid,)))
         except Exception as e:  # an engine refusal fails those trajectories, not the batch
             self.out.put(Refused(self.idx, cmd, f"{type(e).__name__}: {e}"))
+
+    def _swap(self, cmd: SwapParams) -> None:
+        """New weights between two steps; each live sequence's next token is the new version's."""
+        self.engine.swap_params(cmd.params)
+        for s, marks in self.marks.items():
+            marks.append((len(self.engine.tokens(s)), cmd.version))
+        self.version, self.swapped = cmd.version, True
+
+    def _versions(self, ev) -> tuple[int, ...]:
+        """The version of each token of ``ev`` (its segment ends at the sequence's last token)."""
+        marks = self.marks.get(ev.seq_id, [(0, self.version)])
+        end = len(self.engine.tokens(ev.seq_id))
+        out = []
+        for i in range(end - len(ev.tokens), end):
+            out.append(next(v for pos, v in reversed(marks) if pos <= i))
+        return tuple(out)
 
     def _move_out(self, cmd: MoveOut) -> None:
         """Export (if the engine can: ``MovesKV``) and release; the dispatcher gets ``Exported`` either way."""
@@ -81,6 +112,7 @@ class EngineWorker(threading.Thread):
                 export = self.engine.export_seq(cmd.seq_id)
             except Exception as e:  # noqa: BLE001 - it moves without its K/V (recomputed there)
                 error = f"{type(e).__name__}: {e}"
+        self.marks.pop(cmd.seq_id, None)
         self.engine.release(cmd.seq_id)
         self.timeline.append((time.perf_counter() - self.t0, self.engine.stats().kv_pages_in_use))
         self.out.put(Exported(self.idx, cmd, export, error))

@@ -15,6 +15,13 @@ problems, a ``Schedule``) and call :func:`run`.
   and after the last one; its numbers join that step's metrics row (``heldout_*``).
 * **Checkpoints** (orbax; every process saves its shards): every ``ckpt_every`` SFT or RL steps, at
   every transition and at the end, with the versioned ``resume.Cursor`` and the run configuration.
+* **Asynchronous RL** (``Parts.async_rl``, ``async_loop.AsyncConfig``; docs/design.md §5.2): with
+  ``max_staleness`` k >= 1 a background thread generates up to L (``lookahead``, default k) batches
+  ahead while the learner trains (``async_loop.AsyncRL``); k = 0 is ``loop.rl_step``, unchanged.
+  Batches are requested only up to the next drain point (a checkpoint step, an evaluation step, the
+  stage's last step); a stage change no one could foresee discards what is in flight. At a drain point
+  the engines get the learner's weights, so a checkpoint never has a batch in flight and a resumed
+  run continues on the schedule of an uninterrupted one.
 * **Several processes**: every process runs this same code; rows are global metrics, written by
   process 0 only (``utils.metrics.Loggers``), as are the evaluation files.
 """
@@ -29,6 +36,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import jax
 from tqdm.auto import tqdm
 
+from rstar2_jax.async_loop import AsyncConfig, AsyncRL
 from rstar2_jax.distributed import allgather_json, is_main_process
 from rstar2_jax.eval.evaluate import EvalConfig, evaluate
 from rstar2_jax.learner import Learner, LearnerConfig
@@ -82,6 +90,10 @@ class OneStage:
     def next_stage(self, stage: str, cursor: Cursor) -> str:
         return "done" if cursor.stage_step >= self.steps else stage
 
+    def steps_left(self, stage: str, cursor: Cursor) -> int | None:
+        """RL steps left in ``stage`` (None: unknown ahead); async RL requests no batch past them."""
+        return self.steps - cursor.stage_step
+
     def filter_problems(self) -> Sequence[Any]:
         raise ValueError("OneStage has no filter stage")
 
@@ -117,6 +129,7 @@ class Parts:
     sft: SFTPart | None = None
     eval_problems: Sequence[Any] | None = None
     eval_cfg: EvalConfig | None = None
+    async_rl: AsyncConfig = AsyncConfig()  # max_staleness 0: the synchronous loop (loop.rl_step)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -163,6 +176,7 @@ class _Run:
         self.log = Loggers(rc.out, rc.sinks, resume=restored is not None, keep_rows=self.cursor.rows,
                            write=is_main_process(), config=dict(rc.run_config))
         self.rollout = self.learner = self.eval_engines = None
+        self.async_: AsyncRL | None = None
         self.visited: list[str] = []
         self.timings: dict[str, float] = {}
 
@@ -210,6 +224,9 @@ class _Run:
         states = self.cursor.rollout
         if states is not None and len(states) == jax.process_count():
             self.rollout.load_state(states[jax.process_index()])  # the dispatcher's history, as it was
+        if self.p.async_rl.enabled:
+            self.async_ = AsyncRL(self.rollout, self.learner, self.p.reward_fn, self.p.async_rl)
+            self.async_.start(self.cursor.global_step)  # a drain point: nothing in flight
 
     def reference_policy(self):
         """π_ref of the KL term (``rl.loss.kl_coef`` > 0; else None): the policy RL starts from (after SFT),
@@ -252,14 +269,41 @@ class _Run:
         c.stage_step, c.problem_cursor, c.trunc_history = 0, 0, []
         self.save(self.learner.state)
 
-    def rl_step(self, stage: str, compiles: CompileCounter) -> dict[str, Any]:
+    def _batch(self, stage: str, ahead: int = 0) -> list[Any]:
+        """The problems of the RL step ``ahead`` steps after the next one (same stage)."""
         c, sch = self.cursor, self.p.schedule
         pool = sch.problems(stage, c)
-        batch = [pool[(c.problem_cursor + j) % len(pool)] for j in range(sch.problems_per_step)]
+        first = c.problem_cursor + ahead * sch.problems_per_step
+        return [pool[(first + j) % len(pool)] for j in range(sch.problems_per_step)]
+
+    def _drain_after(self, step: int) -> bool:
+        """Whether global RL step ``step`` is a drain point of the async schedule (checkpoint or evaluation)."""
+        return step % self.rc.ckpt_every == 0 or bool(self.rc.eval_every and step % self.rc.eval_every == 0)
+
+    def _horizon(self, stage: str) -> int:
+        """How many batches (the next one included) async RL may have requested now: up to the lookahead,
+        the next drain point and the stage's known end."""
+        c = self.cursor
+        steps_left = getattr(self.p.schedule, "steps_left", None)
+        left = steps_left(stage, c) if steps_left is not None else None
+        n = 1
+        while n <= self.p.async_rl.ahead and not self._drain_after(c.global_step + n) and (left is None or n < left):
+            n += 1
+        return n
+
+    def rl_step(self, stage: str, compiles: CompileCounter) -> dict[str, Any]:
+        c, sch = self.cursor, self.p.schedule
+        batch = self._batch(stage)
         t = time.perf_counter()
         compiles.take()  # this step's compilations only (not the evaluation or checkpoint before it)
-        m, _ = rl_step(self.rollout, self.learner, self.p.reward_fn, batch, seed=step_seed(self.rc.seed,
-                       c.global_step + 1), budget=sch.budget(stage), compiles=compiles)
+        if self.async_ is None:
+            m, _ = rl_step(self.rollout, self.learner, self.p.reward_fn, batch, seed=step_seed(self.rc.seed,
+                           c.global_step + 1), budget=sch.budget(stage), compiles=compiles)
+        else:
+            for j in range(self._horizon(stage)):
+                self.async_.request(c.global_step + j, self._batch(stage, j),
+                                    seed=step_seed(self.rc.seed, c.global_step + 1 + j), budget=sch.budget(stage))
+            m = self.async_.step(c.global_step, seed=step_seed(self.rc.seed, c.global_step + 1), compiles=compiles)
         c.problem_cursor += len(batch)
         c.stage_step += 1
         c.global_step += 1
@@ -267,6 +311,10 @@ class _Run:
         row = {"stage": stage, "step": c.global_step, "stage_step": c.stage_step, **m,
                "step_s": time.perf_counter() - t}
         new = sch.next_stage(stage, c)
+        if self.async_ is not None and (new != stage or self._drain_after(c.global_step)):
+            if new != stage:  # batches of this stage requested past its end: thrown away
+                row["async/discarded_batches"] = self.async_.discard()
+            self.async_.drain()  # the engines get the learner's weights (evaluation, checkpoint)
         if (self.rc.eval_every and c.global_step % self.rc.eval_every == 0) or new == "done":
             row.update(self.evaluate(f"step{c.global_step}"))
         self.log.log(row)
@@ -296,15 +344,19 @@ class _Run:
             self.save(self.learner.state)
         t_rl, compiles = time.perf_counter(), CompileCounter()
         bar = tqdm(desc="rl", disable=not self.rc.show_progress)
-        while c.stage != "done":
-            if not self.visited or self.visited[-1] != c.stage:
-                self.visited.append(c.stage)
-            if c.stage == "filter":
-                self.filter()
-                continue
-            m = self.rl_step(c.stage, compiles)
-            bar.update(1)
-            bar.set_postfix(stage=self.visited[-1], reward=f"{m['reward']:.2f}", kept=m["n_kept"])
+        try:
+            while c.stage != "done":
+                if not self.visited or self.visited[-1] != c.stage:
+                    self.visited.append(c.stage)
+                if c.stage == "filter":
+                    self.filter()
+                    continue
+                m = self.rl_step(c.stage, compiles)
+                bar.update(1)
+                bar.set_postfix(stage=self.visited[-1], reward=f"{m['reward']:.2f}", kept=m["n_kept"])
+        finally:
+            if self.async_ is not None:
+                self.async_.close()
         bar.close()
         self.timings["rl_s"] = time.perf_counter() - t_rl
         return self.result()

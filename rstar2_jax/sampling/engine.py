@@ -389,3 +389,17 @@ class PagedEngine(LoopRunner):
 
     def _validate(self, request: Request) -> None:
         check_request(request, self.cfg, self.num_pages - 1, self.model_cfg.vocab_size, self.decode_fn is not None)
+
+    # -- in-flight weight updates (async RL, docs/design.md §5.2) -----------------------------------
+    def swap_params(self, params: nnx.State) -> None:
+        """New policy weights while sequences are live (``set_params`` refuses them): every live
+        sequence keeps its K/V (nothing is prefilled again) and samples its next token with the new
+        weights; the token index where each switched is the caller's to record (``rollout.worker``
+        reads ``tokens(seq_id)``). The prefix cache is invalidated; with live sequences it is refused,
+        as a live sequence's old-weight pages would be indexed under the new weights' chain root."""
+        if self.prefix_cache is not None and self.scheduler.seqs:
+            raise NotImplementedError("swap_params: live sequences with the prefix cache on (their pages hold "
+                                      "the old weights' K/V); use set_params between batches")
+        self.params = self._place_params(params)
+        if self.prefix_cache is not None:
+            self.prefix_cache.invalidate()

@@ -137,3 +137,11 @@ class ScriptedPolicy:
 
     def set_params(self, params: Any) -> None:
         self.engine.set_params(params)
+
+    def swap_params(self, params: Any) -> None:
+        """In-flight weight update (``PagedEngine.swap_params``)."""
+        self.engine.swap_params(params)
+
+    def tokens(self, seq_id: int) -> list[int]:
+        """The engine's tokens of ``seq_id`` (as many as the script's, not the same ids)."""
+        return self.engine.tokens(seq_id)

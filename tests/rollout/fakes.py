@@ -74,6 +74,11 @@ class ScriptedEngine:
     def set_params(self, params) -> None:  # weights do not change what a script says
         self.params = params
 
+    swap_params = set_params  # in-flight updates: live sequences go on
+
+    def tokens(self, seq_id: int) -> list[int]:
+        return list(self._seqs[seq_id]["tokens"])
+
     def release(self, seq_id: int) -> None:
         self._seqs.pop(seq_id)
         self.released.append(seq_id)
