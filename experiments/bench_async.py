@@ -28,6 +28,8 @@ import sys
 import time
 from pathlib import Path
 
+from rstar2_jax.utils.bench import Metric, report, summary_lines
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "experiments" / "toy_tool_math.py"
 MISMATCH = ("abs_mean", "abs_max", "k3", "log_ppl_diff", "coverage")
@@ -120,12 +122,11 @@ def main() -> int:
               f"{args.sim_engines * p.slice} of {p.devices} devices rolling out: x{speedup:.2f} trained samples/s "
               f"({sum(asyn.dropped)} dropped)", flush=True)
     res["load_end"] = load()
-    line = (f"bench_async: step_time_ratio_k1 = {ratio:.2f}, acc_diff_k1 = {acc_diff:+.3f} (target >= -0.02), "
-            f"sim_speedup_k1 = {speedup:.2f} (target >= 1.8)")
-    res["summary"] = line
+    metrics = [Metric("step_time_ratio_k1", ratio), Metric("acc_diff_k1", acc_diff, ">= -0.02", fmt="+.3f"),
+               Metric("sim_speedup_k1", speedup, ">= 1.8")]
+    res["summary"] = summary_lines("async", metrics)[0]
     (args.out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    print(line)
-    return 0
+    return report("async", metrics)
 
 
 if __name__ == "__main__":
