@@ -45,7 +45,8 @@ import numpy as np
 
 from rstar2_jax.distributed import allgather_rows
 from rstar2_jax.learner import Learner
-from rstar2_jax.metrics import COL, positive_tool_error_rate, reduce_scalars, rollout_metrics, trajectory_stats
+from rstar2_jax.loop import roc_rollout_metrics
+from rstar2_jax.metrics import reduce_scalars
 from rstar2_jax.rollout.score import RewardBatchFn, score
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.state import RolloutResult
@@ -205,7 +206,7 @@ class AsyncRL:
         if self.cfg.inflight:
             placed, version = self.published.get(b + 1) or self._snapshot()
             self.rollout.push(placed, version=version, placed=True)
-        m.update(self._rollout_metrics(trajs, keep, passed, sel, res))
+        m.update(self._rollout_metrics(trajs, keep, sel, res))
         n = max(k, self.cfg.ahead)
         lo = sel.offsets[jax.process_index()]
         kept_local = [passed[int(i - lo)] for i in sel.kept if lo <= i < lo + len(passed)]
@@ -317,17 +318,10 @@ class AsyncRL:
                 b = self.next_gen
             self._generate(b)
 
-    def _rollout_metrics(self, trajs: list[Trajectory], keep: list[bool], passed: list[Trajectory], sel: Any,
-                         res: RolloutResult) -> dict[str, Any]:
+    def _rollout_metrics(self, trajs: list[Trajectory], keep: list[bool], sel: Any, res: RolloutResult) -> dict[str, Any]:
         """``loop.rl_step``'s rollout metrics over every generated trajectory (dropped ones included;
         their ``p_format`` is NaN)."""
-        stats = np.concatenate(allgather_rows(trajectory_stats(trajs)))
-        mask = np.concatenate(allgather_rows(np.asarray(keep, np.int64)[:, None]))[:, 0] > 0
-        stats[:, COL["p_format"]] = np.nan
-        stats[np.flatnonzero(mask), COL["p_format"]] = sel.p_format
-        m = rollout_metrics(stats)
-        kept_global = np.flatnonzero(mask)[sel.kept]
-        m["kept_tool_error_rate_pos"] = positive_tool_error_rate(stats[kept_global])
+        m = roc_rollout_metrics(trajs, sel, keep)
         red = reduce_scalars({"time_rollout_s": res.metrics["makespan_s"], "tool_time_s": res.metrics["tool_time_s"],
                               "preemptions": res.metrics["preemptions"],
                               "unshared_children": res.metrics["unshared_children"],

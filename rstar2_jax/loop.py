@@ -23,6 +23,7 @@ from rstar2_jax.metrics import COL, positive_tool_error_rate, reduce_scalars, ro
 from rstar2_jax.rollout.dispatcher import RolloutResult
 from rstar2_jax.rollout.score import RewardBatchFn, score
 from rstar2_jax.rollout.service import Rollout
+from rstar2_jax.rollout.trajectory import Trajectory
 from rstar2_jax.utils.compiles import CompileCounter
 
 
@@ -39,11 +40,7 @@ def rl_step(rollout: Rollout, learner: Learner, reward_fn: RewardBatchFn, proble
     m, sel = learner.update(res.trajectories, seed)
     t3 = time.perf_counter()
     sync = rollout.sync(learner.params, version=learner.version)
-    # every process's rows, in process order; p_format from RoC's records (computed once, RocConfig.penalties')
-    stats = np.concatenate(allgather_rows(trajectory_stats(res.trajectories)))
-    stats[:, COL["p_format"]] = sel.p_format
-    m.update(rollout_metrics(stats))
-    m["kept_tool_error_rate_pos"] = positive_tool_error_rate(stats[sel.kept])
+    m.update(roc_rollout_metrics(res.trajectories, sel))
     red = reduce_scalars({"time_rollout_s": t1 - t0, "time_reward_s": sc.seconds, "tool_time_s": res.metrics["tool_time_s"],
                           "time_sync_s": sync.seconds, "preemptions": res.metrics["preemptions"],
                           "unshared_children": res.metrics["unshared_children"],
@@ -56,3 +53,22 @@ def rl_step(rollout: Rollout, learner: Learner, reward_fn: RewardBatchFn, proble
     if compiles is not None:
         m["compiles"] = compiles.take()
     return m, res
+
+
+def roc_rollout_metrics(trajs: Sequence[Trajectory], sel: Any, keep: Sequence[bool] | None = None) -> dict[str, Any]:
+    """``rollout_metrics`` over every process's ``trajs`` (rows in process order) and the tool-error
+    rate of RoC's kept positives. ``sel``: the learner's RoC selection over the trajectories that
+    reached it: all of them (``keep`` None) or those with ``keep`` True (the async loop's stale
+    drop); ``p_format`` comes from RoC's records (computed once), NaN on the dropped ones."""
+    stats = np.concatenate(allgather_rows(trajectory_stats(trajs)))
+    if keep is None:
+        stats[:, COL["p_format"]] = sel.p_format
+        kept = sel.kept
+    else:
+        passed = np.flatnonzero(np.concatenate(allgather_rows(np.asarray(keep, np.int64)[:, None]))[:, 0] > 0)
+        stats[:, COL["p_format"]] = np.nan
+        stats[passed, COL["p_format"]] = sel.p_format
+        kept = passed[sel.kept]
+    m = rollout_metrics(stats)
+    m["kept_tool_error_rate_pos"] = positive_tool_error_rate(stats[kept])
+    return m
