@@ -16,6 +16,7 @@ import pytest
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature, TopK
 from rstar2_jax.sampling.mixed_loop import mixed_loop
 from rstar2_jax.utils.compiles import CompileCounter
+from tests.sampling.test_decode_loop import _assert_same
 
 MAX_LEN = 96
 BASE = dict(num_slots=4, page_size=4, max_seq_len=MAX_LEN, prefill_chunk=8, prefill_rows=1)
@@ -49,14 +50,6 @@ def _run(policy, num_pages, submit, turns=None, *, mixed, k=8, **over):
     assert eng.free_pages() == num_pages - 1  # no page leaked, every reservation given back
     assert eng.stats().seqs_holding_pages == 0
     return out, eng.stats(), calls
-
-
-def _assert_same(a, b):
-    assert a.keys() == b.keys()
-    for sid in a:
-        for x, y in zip(a[sid], b[sid], strict=True):
-            assert (x.tokens, x.reason, x.stop) == (y.tokens, y.reason, y.stop), sid
-            np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=2e-6)
 
 
 def _compare(policy, num_pages, submit, turns=None, **over):

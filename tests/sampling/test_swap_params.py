@@ -9,6 +9,7 @@ from flax import nnx
 
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature
+from tests.sampling.test_kv_transfer import _finish
 
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=96, num_pages=64, prefill_chunk=8)
 PROMPT = np.random.default_rng(0).integers(0, 128, size=11).tolist()
@@ -25,19 +26,11 @@ def _request(sampler, n=N):
     return Request(prompt=PROMPT, key=7, max_new_tokens=n, sampler=sampler)
 
 
-def _until_stop(engine, sid):
-    while engine.has_work():
-        for ev in engine.step():
-            if ev.seq_id == sid:
-                return ev
-    raise AssertionError("no stop")
-
-
 @pytest.mark.parametrize("sampler", [Greedy(), Temperature(temperature=1.0)], ids=["greedy", "sampled"])
 def test_swap_mid_decode_equals_a_move_to_the_new_weights_at_that_token(policy, new_params, sampler):
     mcfg, graphdef, params = policy
     old_only = PagedEngine(graphdef, params, mcfg, CFG)
-    want_old = _until_stop(old_only, old_only.submit(_request(sampler)))
+    want_old = _finish(old_only, old_only.submit(_request(sampler)))
 
     eng = PagedEngine(graphdef, params, mcfg, CFG)
     other = eng.submit(Request(prompt=PROMPT[:5], key=3, max_new_tokens=N, sampler=sampler))  # a second live row
@@ -50,7 +43,7 @@ def test_swap_mid_decode_equals_a_move_to_the_new_weights_at_that_token(policy, 
     eng.swap_params(new_params)  # live sequences: set_params would refuse
     with pytest.raises(RuntimeError, match="not idle"):
         eng.set_params(new_params)
-    got = _until_stop(eng, sid)
+    got = _finish(eng, sid)
     assert eng.stats().prefill_tokens == prefilled  # nothing prefilled again: the K/V stayed
     assert len(got.tokens) == N
     assert got.tokens[:swap_at] == want_old.tokens[:swap_at]  # before the swap: the old weights' tokens
@@ -58,10 +51,10 @@ def test_swap_mid_decode_equals_a_move_to_the_new_weights_at_that_token(policy, 
 
     # the same sequence paused after swap_at tokens, its K/V moved to an engine with the new weights
     src = PagedEngine(graphdef, params, mcfg, CFG)
-    first = _until_stop(src, src.submit(_request(sampler, swap_at)))
+    first = _finish(src, src.submit(_request(sampler, swap_at)))
     exp = src.export_seq(first.seq_id)
     dst = PagedEngine(graphdef, new_params, mcfg, CFG)
-    rest = _until_stop(dst, dst.import_seq(exp, max_new_tokens=N - swap_at))
+    rest = _finish(dst, dst.import_seq(exp, max_new_tokens=N - swap_at))
     assert first.tokens + rest.tokens == got.tokens
     np.testing.assert_allclose(first.logprobs + rest.logprobs, got.logprobs, atol=1e-4)
     assert other in eng.scheduler.seqs  # the other sequence ran on through the swap
