@@ -111,6 +111,7 @@ class _Worker:
                                 daemon=True, name=f"rstar2-sandbox-{slot}")
         self.conn = parent_conn
         self.init_pid: int | None = None
+        self.init_pidfd: int | None = None
         _tls.bare = True
         try:
             self.proc.start()
@@ -136,6 +137,10 @@ class _Worker:
         self.isolation = Isolation(**info["isolation"])
         self.notes = {k: info[k] for k in ("root_error", "seccomp_error") if info.get(k)}  # why a layer is off
         self.init_pid = info["host_pid"]
+        try:  # the init waits for our next message: alive, so this pidfd is its own (pid reuse can't fool a kill)
+            self.init_pidfd: int | None = os.pidfd_open(self.init_pid)
+        except (AttributeError, OSError):
+            self.init_pidfd = None
         self.fd = self.conn.fileno()
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN)
@@ -175,12 +180,24 @@ class _Worker:
         self.kill()
 
     def kill(self) -> None:
-        for pid in self.pids():
+        """SIGKILL the worker; its init follows by PR_SET_PDEATHSIG (and its calls with the pid namespace).
+
+        Only signals a process that is still ours: ``Process.kill`` skips a reaped worker, and the init is
+        signalled through its pidfd, never by pid: after an exit its host pid is free, and on a busy machine
+        (pid_max 32768, fork-heavy tool calls) it is soon another process's, e.g. another pool's call."""
+        try:
+            self.proc.kill()
+        except (OSError, ValueError, AttributeError):
+            pass
+        if self.init_pidfd is not None:
             try:
-                os.kill(pid, signal.SIGKILL)
+                signal.pidfd_send_signal(self.init_pidfd, signal.SIGKILL)
             except OSError:
                 pass
         self.proc.join(5.0)
+        if self.init_pidfd is not None:
+            os.close(self.init_pidfd)
+            self.init_pidfd = None
         try:
             self.conn.close()
         except OSError:

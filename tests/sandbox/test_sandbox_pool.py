@@ -239,3 +239,43 @@ def test_the_stray_check_sees_a_nobody_process(ns_pool):
         proc.kill()
         proc.wait()
     assert strays(ns_pool) == []
+
+
+def _spawn_with_pid(pid: int) -> subprocess.Popen | None:
+    """A ``sleep`` that gets exactly ``pid`` (through ns_last_pid; others may take it first: a few tries)."""
+    for _ in range(50):
+        with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+            f.write(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "30"])
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+@pytest.mark.skipif(not os.access("/proc/sys/kernel/ns_last_pid", os.W_OK), reason="needs a writable ns_last_pid")
+def test_closing_a_pool_never_signals_a_pid_its_worker_no_longer_holds():
+    """A CI flake: a call of another pool SIGKILLed 0.9 s in. Closing a worker joined it, then killed its two
+    pids by number; both were free by then and, under fork-heavy calls, soon reused."""
+    pool = SandboxPool(workers=1, limits=FAST)
+    worker = pool._slots[0].worker
+    pids, decoys = worker.pids(), []
+    join = worker.proc.join
+
+    def join_then_reuse(timeout=None):
+        join(timeout)
+        if not decoys and worker.proc.exitcode is not None:  # both reaped: the pids are free
+            decoys.extend(_spawn_with_pid(pid) for pid in pids)
+
+    worker.proc.join = join_then_reuse
+    pool.close()
+    reused = [p for p in decoys if p is not None]
+    try:
+        if not reused:
+            pytest.skip("no freed pid could be taken again")
+        assert [p.poll() for p in reused] == [None] * len(reused)  # the decoys live
+    finally:
+        for p in reused:
+            p.kill()
+            p.wait()
