@@ -119,8 +119,8 @@ class PagedEngine(LoopRunner):
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
         self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
         self._loop_spec = loop_mod.LoopSpec(cfg.num_slots, cfg.decode_steps, cfg.page_size, cfg.attention_impl)
-        self._mixed_spec = mixed_mod.MixedSpec(cfg.num_slots, cfg.decode_steps, cfg.prefill_rows, cfg.prefill_chunk,
-                                               cfg.page_size, cfg.attention_impl)
+        self._mixed_specs = {rd: mixed_mod.MixedSpec(rd, cfg.decode_steps, cfg.prefill_rows, cfg.prefill_chunk,
+                                                     cfg.page_size, cfg.attention_impl) for rd in self._row_buckets}
         self._next_id = 0
         self._next_order = 0
         self._stats = dict(steps=0, tokens_generated=0, prefill_tokens=0, decode_tokens=0, page_copies=0,
@@ -223,7 +223,7 @@ class PagedEngine(LoopRunner):
         if not decode and not prefill:
             return []
         cfg = self.cfg
-        if prefill and cfg.mixed_steps:
+        if cfg.mixed_steps:  # decode-only windows too: the mixed loop runs the smallest row bucket
             plan = mixed_mod.plan_mixed([s for s in sched.slots if s is not None], cfg.decode_steps, cfg.prefill_rows,
                                         cfg.prefill_chunk, cfg.max_seq_len, sched)
             if plan is not None:
@@ -265,8 +265,9 @@ class PagedEngine(LoopRunner):
             self._loop([], [])  # no active row: the loop body never runs, but it compiles
             n += 1
         if self.cfg.decode_steps > 1 and self.cfg.mixed_steps:
-            self._mixed(mixed_mod.MixedPlan(self.cfg.decode_steps, [], {}, {}))  # nothing planned: compiles only
-            n += 1
+            for rd in self._row_buckets:  # nothing planned: compiles only
+                self._mixed(mixed_mod.MixedPlan(self.cfg.decode_steps, [], {}, {}), rd)
+                n += 1
         k = 1  # fork copy-on-write sizes (padded to powers of two; a fork copies <= one page per child)
         while k <= max(1, self.cfg.num_slots):
             self.cache = kv_cache.copy_page_pairs(self.cache, [(0, 0)] * k)  # the null page onto itself

@@ -47,19 +47,25 @@ class LoopRunner:
             self.scheduler.trim(s)
         return events
 
-    def _mixed(self, plan: mixed_mod.MixedPlan) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """One ``mixed_loop`` call (cache donated); host tokens/log-probs [K,B], counts [B], iterations."""
+    def _mixed(self, plan: mixed_mod.MixedPlan, rd: int | None = None
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, dict[int, int]]:
+        """One ``mixed_loop`` call (cache donated) on the smallest row bucket that holds the window's
+        slots (or ``rd`` rows); host tokens/log-probs [K,R], counts [R], iterations, slot -> row."""
         sa, sched = self._slot_arrays, self.scheduler
         sa.sync(sched.slots)
-        batch = mixed_mod.build_mixed_batch(plan, sa, sched.block_tables, self._mixed_spec, bool(sched.waiting))
+        rows = mixed_mod.plan_rows(plan)
+        rd = rd if rd is not None else next(r for r in self._row_buckets if r >= len(rows))
+        spec = self._mixed_specs[rd]
+        batch = mixed_mod.build_mixed_batch(plan, sa, sched.block_tables, spec, bool(sched.waiting), rows)
         self.cache, tokens, logprobs, counts, n = mixed_mod.mixed_loop(self.graphdef, self.params, self.cache, batch,
-                                                                       self._mixed_spec)
-        return np.asarray(tokens), np.asarray(logprobs), np.asarray(counts), int(n)
+                                                                       spec)
+        return (np.asarray(tokens), np.asarray(logprobs), np.asarray(counts), int(n),
+                {slot: r for r, slot in enumerate(rows)})
 
     def _run_mixed(self, plan: mixed_mod.MixedPlan) -> list[StopEvent]:
         """Run a planned mixed window; book the chunks it fed, then each row's tokens; fork the
         templates it prefilled. Events come in the order single steps would give them."""
-        tokens, logprobs, counts, n_run = self._mixed(plan)
+        tokens, logprobs, counts, n_run, row_of = self._mixed(plan)
         self._stats["steps"] += n_run
         self._stats["mixed_loop_calls"] += 1
         done = []
@@ -73,13 +79,14 @@ class LoopRunner:
         for s, (it, kind) in plan.first.items():
             if plan.limits[s] == 0:
                 continue
-            b, n = s.slot, int(counts[s.slot])
+            b = row_of[s.slot]
+            n = int(counts[b])
             if n:
                 ev, m = self._book(s, tokens[it:it + n, b], logprobs[it:it + n, b])
                 s.cached = len(s.tokens) - 1
                 self._stats["decode_tokens"] += m - (kind == "chunk")
                 by_chunk = kind == "chunk" and m == 1
-                keyed += [((it + m - 1, by_chunk, s.order if by_chunk else len(s.tokens) - 1, b), e) for e in ev]
+                keyed += [((it + m - 1, by_chunk, s.order if by_chunk else len(s.tokens) - 1, s.slot), e) for e in ev]
             self.scheduler.trim(s)
         for t in done:  # after every row is booked: a fork may preempt any of them
             if t.state is SeqState.ACTIVE:  # else an earlier fork preempted it: it prefills again

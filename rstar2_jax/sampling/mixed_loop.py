@@ -236,17 +236,33 @@ def plan_mixed(active: list[Seq], k: int, pr: int, c: int, max_seq_len: int, sch
     return None
 
 
+def plan_rows(plan: MixedPlan) -> list[int]:
+    """The slots a window's loop rows serve, ascending: those that decode in it or feed a chunk (the
+    engine runs the smallest decode-row bucket that holds them)."""
+    return sorted({s.slot for s, n in plan.limits.items() if n > 0} | {s.slot for row in plan.chunks for s, _ in row})
+
+
 def build_mixed_batch(plan: MixedPlan, sa: SlotArrays, block_tables: np.ndarray, spec: MixedSpec,
-                      exit_on_stop: bool) -> MixedBatch:
-    """Host arrays for ``mixed_loop`` (``sa`` synced to the slots first)."""
+                      exit_on_stop: bool, rows: list[int]) -> MixedBatch:
+    """Host arrays for ``mixed_loop`` (``sa`` synced to the slots first). Loop row r serves slot
+    ``rows[r]`` (``plan_rows``); rows past ``len(rows)`` are padding (null page, never active)."""
     b, k, pr, c = spec.rows, spec.steps, spec.prefill_rows, spec.prefill_chunk
+    assert len(rows) <= b, (len(rows), b)
+    row_of = {slot: r for r, slot in enumerate(rows)}
+    idx = np.zeros(b, np.int64)
+    idx[:len(rows)] = rows
+    tables = block_tables[idx]
+    tables[len(rows):] = 0
     tokens, pos = np.zeros(b, np.int32), np.zeros(b, np.int32)
     start, limit = np.full(b, -1, np.int32), np.zeros(b, np.int32)
     busy = 0
     for s, (it, kind) in plan.first.items():
-        limit[s.slot] = plan.limits[s]
+        if plan.limits[s] == 0:
+            continue
+        r = row_of[s.slot]
+        limit[r] = plan.limits[s]
         if kind == "row":
-            start[s.slot], tokens[s.slot], pos[s.slot] = it, s.tokens[-1], len(s.tokens) - 1
+            start[r], tokens[r], pos[r] = it, s.tokens[-1], len(s.tokens) - 1
             if plan.limits[s] > 0:
                 busy = max(busy, it + 1)
     ct, cp = np.zeros((k, pr * c), np.int32), np.zeros((k, pr * c), np.int32)
@@ -260,15 +276,15 @@ def build_mixed_batch(plan: MixedPlan, sa: SlotArrays, block_tables: np.ndarray,
             ct[i, lo:lo + n] = s.tokens[at:at + n]
             cp[i, lo:lo + n] = np.arange(at, at + n)
             cv[i, lo:lo + n] = True
-            cs[i, j], cl[i, j], clast[i, j] = s.slot, True, n - 1
+            cs[i, j], cl[i, j], clast[i, j] = row_of[s.slot], True, n - 1
             csamp[i, j] = plan.first.get(s) == (i, "chunk")
             fed[s] = at + n
         if row:
             busy, chunk_iters = max(busy, i + 1), i + 1
             assert chunk_iters == i + 1 and all(plan.chunks[:i]), "chunks must fill the first iterations"
-    return MixedBatch(tokens_b=tokens, pos_b=pos, start_b=start, limit_b=limit, block_tables=block_tables.copy(),
-                      key_data=sa.key_data.copy(), temperature=sa.temperature.copy(), top_k=sa.top_k.copy(),
-                      top_p=sa.top_p.copy(), greedy=sa.greedy.copy(), stop_ids=sa.stop_ids.copy(),
+    return MixedBatch(tokens_b=tokens, pos_b=pos, start_b=start, limit_b=limit, block_tables=tables,
+                      key_data=sa.key_data[idx], temperature=sa.temperature[idx], top_k=sa.top_k[idx],
+                      top_p=sa.top_p[idx], greedy=sa.greedy[idx], stop_ids=sa.stop_ids[idx],
                       chunk_tokens=ct, chunk_pos=cp, chunk_valid=cv, chunk_slot=cs, chunk_live=cl, chunk_last=clast,
                       chunk_sample=csamp, chunk_iters=np.int32(chunk_iters), busy=np.int32(busy),
                       n_iters=np.int32(plan.n_iters), exit_on_stop=np.bool_(exit_on_stop))

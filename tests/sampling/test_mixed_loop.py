@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature, TopK
+from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling.mixed_loop import mixed_loop
 from rstar2_jax.utils.compiles import CompileCounter
 from tests.sampling.test_decode_loop import _assert_same
@@ -133,13 +134,23 @@ def test_forks_and_resumes(policy):
     assert sn.page_copies == so.page_copies == s1.page_copies == 3
 
 
-def test_bfloat16_kv_and_buckets(policy):
+def test_bfloat16_kv_and_buckets(policy, monkeypatch):
+    """The mixed loop runs the smallest decode-row bucket that holds a window's slots (rows gathered
+    from the slots, outputs scattered back): both buckets ran, the small one when few slots are busy."""
     def submit(e):
         for i in range(5):
             e.submit(Request(prompt=_prompt(9 + 5 * i, 70 + i), key=i, max_new_tokens=12, sampler=Temperature()))
 
+    rows, loop = [], mixed_mod.mixed_loop
+
+    def spy(graphdef, params, cache, batch, spec):
+        rows.append(spec.rows)
+        return loop(graphdef, params, cache, batch, spec)
+
+    monkeypatch.setattr(mixed_mod, "mixed_loop", spy)
     _compare(policy, 128, submit, _tool_turns(13, 1), kv_dtype="bfloat16", decode_row_buckets=(2,),
              prefill_rows=2)
+    assert set(rows) == {2, BASE["num_slots"]}, rows
 
 
 def test_compiles_once_per_shape(policy):
