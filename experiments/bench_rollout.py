@@ -252,17 +252,19 @@ def main() -> int:
     finally:
         for e in engines:
             e.close()
-    if set(results) != {c.name for c in todo}:
-        return 0  # a partial run: the tables above are its result (no verdict)
-    sim_best, sim_rec = simulated(args, todo[1].w, seeds, (a, b, c, k), prompt_len, results["b"])
     speedup = {}
     for name in ("a", "b"):  # the same policy's runs, old path vs mixed loop, interleaved per seed
+        if name not in results:
+            continue
         tok = {p: np.mean([m["engine_tok_s"] for m in results[name][p]]) for p in (MIXED_OF, MIXED)}
         speedup[name] = tok[MIXED] / tok[MIXED_OF]
         print(f"({name}) engine tokens/s (sampled + fed per busy engine-second) under {MIXED_OF}: old path "
               f"{tok[MIXED_OF]:.0f}, mixed loop {tok[MIXED]:.0f} -> {speedup[name]:.2f}x; makespan "
               f"{np.mean([m['makespan_s'] for m in results[name][MIXED_OF]]):.1f} s vs "
               f"{np.mean([m['makespan_s'] for m in results[name][MIXED]]):.1f} s")
+    if set(results) != {c.name for c in todo}:
+        return 0  # a partial run: the tables above are its result (no verdict)
+    sim_best, sim_rec = simulated(args, todo[1].w, seeds, (a, b, c, k), prompt_len, results["b"])
     ratios, recs = {}, []
     for cs in todo:
         st = np.mean([m["makespan_s"] for m in results[cs.name]["static"]])
