@@ -145,7 +145,7 @@ def compare(graphdef, params, hf, cfg: ModelConfig, batches: list[int], reps: in
     ratios = {}
     for b in batches:
         n = next(k for k in range(min(len(devices), b), 0, -1) if b % k == 0)
-        single = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps), device=devices[0])
+        single = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps, mixed_steps=False), device=devices[0])
         mixed = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps, mixed_steps=True), device=devices[0])
         dp = DataParallelEngine.over_devices(graphdef, params, cfg, engine_cfg(b // n, decode_steps),
                                              devices=devices[:n])

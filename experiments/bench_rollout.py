@@ -230,7 +230,7 @@ def main() -> int:
     max_len = -(-(prompt_len + max(c.w.budget for c in todo)) // args.page_size) * args.page_size
     ecfg = EngineConfig(num_slots=args.slots, page_size=args.page_size, max_seq_len=max_len, num_pages=args.pages,
                         prefill_chunk=64, decode_row_buckets=tuple(b for b in (16, 32) if b < args.slots),
-                        swap_tokens=round(args.swap * (args.pages - 1) * args.page_size))
+                        swap_tokens=round(args.swap * (args.pages - 1) * args.page_size), mixed_steps=False)
     n_cpu = os.cpu_count() or 1
     print(f"policy: random Qwen3-style, 2 layers, hidden 128 (fp32); 2 PagedEngines in their own processes pinned to "
           f"cores {[i % n_cpu for i in range(2)]} of {n_cpu}, {args.slots} slots, {args.pages - 1} usable pages of "

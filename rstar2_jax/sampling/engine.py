@@ -228,8 +228,8 @@ class PagedEngine(LoopRunner):
                                         cfg.prefill_chunk, cfg.max_seq_len, sched)
             if plan is not None:
                 return self._run_mixed(plan)
-        limits = None if prefill else loop_mod.plan_window(decode, cfg.decode_steps, cfg.max_seq_len, sched,
-                                                           host_checks=cfg.mixed_steps)
+        limits = None if prefill or cfg.mixed_steps else loop_mod.plan_window(decode, cfg.decode_steps,
+                                                                              cfg.max_seq_len, sched)
         if limits is not None:
             return self._run_loop(decode, limits)
         rd = next(r for r in self._row_buckets if r >= len(decode))
@@ -261,7 +261,7 @@ class PagedEngine(LoopRunner):
             for pr in (0, self.cfg.prefill_rows):
                 self._run([], [], rd, pr)  # returns host arrays: the step has run
                 n += 1
-        if self.cfg.decode_steps > 1:
+        if self.cfg.decode_steps > 1 and not self.cfg.mixed_steps:
             self._loop([], [])  # no active row: the loop body never runs, but it compiles
             n += 1
         if self.cfg.decode_steps > 1 and self.cfg.mixed_steps:

@@ -46,13 +46,12 @@ class EngineConfig:
     # lands (issue 32): a hit changes which rows feed which tokens, so goldens recorded without it
     # would move by float rounding.
     prefix_cache: bool = False
-    # Steps with prefill/extend chunks run inside the K-step loop too (``mixed_loop``: B decode rows
-    # plus Pr chunk rows per iteration), and rows with stop strings (or more stop ids than the
-    # device checks) decode in the loop, the host cutting them at the stop. False = the old path:
-    # such steps are single ``paged_step`` calls. Off by default for now: with it on, the demo golden
-    # and the rollout tests pass, but three engine tests pin the old path (one chunk per ``step()``,
-    # the warmup variant count).
-    mixed_steps: bool = False
+    # Steps with prefill/extend chunks run inside the K-step loop too (``mixed_loop``: Rd decode rows
+    # plus Pr chunk rows per iteration, Rd the smallest decode-row bucket holding the window's slots),
+    # and rows with stop strings (or more stop ids than the device checks) decode in the loop, the
+    # host cutting them at the stop. False = the old path: such steps are single ``paged_step``
+    # calls and decode-only windows run all ``num_slots`` rows (``decode_loop``).
+    mixed_steps: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):

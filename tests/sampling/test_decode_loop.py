@@ -18,7 +18,8 @@ from rstar2_jax.sampling.decode_loop import decode_loop
 from rstar2_jax.sampling.page_table import PageTable
 
 MAX_LEN = 64
-BASE = dict(num_slots=4, page_size=4, max_seq_len=MAX_LEN, prefill_chunk=8, prefill_rows=1)
+BASE = dict(num_slots=4, page_size=4, max_seq_len=MAX_LEN, prefill_chunk=8, prefill_rows=1,
+            mixed_steps=False)  # the old path: decode-only windows run decode_loop
 
 
 def _prompt(n, seed):

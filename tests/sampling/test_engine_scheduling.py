@@ -4,12 +4,14 @@ Engine tests share one tiny random policy and one engine shape (compiled once pe
 greedy reference ``naive_generate`` recomputes the whole sequence for every token.
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, kv_cache, naive_generate
 from rstar2_jax.sampling.sequence import TRANSITIONS, Seq, SeqState
-from rstar2_jax.sampling.decode_loop import decode_loop
+from rstar2_jax.sampling.mixed_loop import mixed_loop
 from rstar2_jax.sampling.step import paged_step
 from rstar2_jax.utils.compiles import CompileCounter
 
@@ -63,7 +65,7 @@ def test_seq_to_allows_exactly_the_transition_table():
 
 
 def test_releasing_every_fork_child_before_the_fork_releases_the_template(policy):
-    eng = _engine(policy)
+    eng = _engine(policy, dataclasses.replace(CFG, mixed_steps=False))  # one chunk per step(): the fork is pending
     kids = eng.submit_group(_req(_prompt(10, 1), 4), 2)
     sched = eng.scheduler
     assert [sched.seqs[k].state for k in kids] == [SeqState.FORKING] * 2 and len(sched.waiting) == 1
@@ -131,11 +133,11 @@ def test_one_compile_per_step_variant_whatever_the_workload(policy):
     cfg = EngineConfig(num_slots=3, page_size=4, max_seq_len=MAX_LEN, num_pages=12, prefill_chunk=8,
                        decode_row_buckets=(1,))  # a shape no other test uses: its compiles are counted here
     eng = _engine(policy, cfg)
-    before, loops = paged_step._cache_size(), decode_loop._cache_size()
+    before, loops = paged_step._cache_size(), mixed_loop._cache_size()
     counter = CompileCounter()
-    # {1, 3} decode rows x {without, with} a prefill row, the decode loop, fork copies of 1 and 2 pages
-    assert eng.warmup() == 7
-    assert paged_step._cache_size() == before + 4 and decode_loop._cache_size() == loops + 1
+    # {1, 3} decode rows x {without, with} a prefill row, the mixed loop at 1 and 3 rows, fork copies of 1 and 2 pages
+    assert eng.warmup() == 8
+    assert paged_step._cache_size() == before + 4 and mixed_loop._cache_size() == loops + 2
     warm_compiles = counter.take()
     assert warm_compiles >= 5
     for i in range(3):  # groups (copy-on-write), singles, preemption (11 pages for up to 6 x 5)
@@ -148,7 +150,7 @@ def test_one_compile_per_step_variant_whatever_the_workload(policy):
     sid = next(iter(events))
     eng.resume(sid, [1, 2, 3], max_new_tokens=3)  # an extend chunk
     _run(eng)
-    assert paged_step._cache_size() == before + 4 and decode_loop._cache_size() == loops + 1
-    assert eng.stats().decode_loop_calls > 0
+    assert paged_step._cache_size() == before + 4 and mixed_loop._cache_size() == loops + 2
+    assert eng.stats().mixed_loop_calls > 0
     # nothing compiles while running: warmup also compiled the fork page copies (padded power-of-two sizes)
     assert counter.take() == 0 and kv_cache.copy_pages._cache_size() == copies

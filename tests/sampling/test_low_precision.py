@@ -26,12 +26,12 @@ ECFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=64, num_pages=64, pref
 def _sample(mcfg, graphdef, params, ecfg):
     eng = PagedEngine(graphdef, params, mcfg, ecfg)
     assert eng.cache[0][0].dtype == jnp.dtype(ecfg.kv_dtype)
-    # one-token prompts: every token comes from the decode loop (the only variant compiled here)
+    # one-token prompts: every token comes from the K-step loop (the only variant compiled here)
     prompts = [[7 + 13 * i] for i in range(4)]
     ids = [eng.submit(Request(prompt=p, key=i, max_new_tokens=20, sampler=Temperature()))
            for i, p in enumerate(prompts)]
     events = {ev.seq_id: ev for ev in eng.run_until_idle()}
-    assert eng.stats().decode_loop_calls > 0 and eng.stats().prefill_tokens == 0
+    assert eng.stats().mixed_loop_calls > 0 and eng.stats().prefill_tokens == 0
     return [(p, events[i]) for p, i in zip(prompts, ids)]
 
 
