@@ -30,6 +30,7 @@ from flax import nnx
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.sampling import PagedEngine, kv_cache, sample_rows
 from rstar2_jax.sampling import engine as engine_mod
+from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling.scheduler import Scheduler
 
 try:
@@ -80,6 +81,8 @@ def instrument() -> None:
         for name in ("sync", "batch"):
             setattr(loop_mod.SlotArrays, name, timed("host batch build", getattr(loop_mod.SlotArrays, name)))
         loop_mod.decode_loop = jitted("jitted decode_loop", loop_mod.decode_loop)
+    mixed_mod.build_mixed_batch = timed("host batch build", mixed_mod.build_mixed_batch)
+    mixed_mod.mixed_loop = jitted("jitted mixed_loop", mixed_mod.mixed_loop)  # the default path (mixed_steps)
     PagedEngine._on_sample = timed("host stops/booking", PagedEngine._on_sample)
     PagedEngine.step = timed("step() total", PagedEngine.step)
 
