@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from experiments.bench_generate import NEW, PROMPT, cpu_policy_cfg, engine_cfg, prompts_for, run_ours
+from bench_generate import NEW, PROMPT, cpu_policy_cfg, engine_cfg, prompts_for, run_ours  # experiments/ is sys.path[0]
 from flax import nnx
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.sampling import PagedEngine, kv_cache, sample_rows
