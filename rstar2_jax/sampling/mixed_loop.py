@@ -1,8 +1,10 @@
 """The mixed decode loop: K iterations of (B decode rows + Pr prefill/extend chunk rows) per call.
 
-``EngineConfig.mixed_steps``: a step whose slots need prefill/extend chunks runs ``mixed_loop``
-instead of one ``paged_step``, so a pending chunk no longer breaks the K-step window. Letters: B
-slots, K ``decode_steps``, Pr ``prefill_rows``, C ``prefill_chunk``.
+``EngineConfig.mixed_steps`` (default): every multi-step window runs ``mixed_loop``, so a pending
+chunk no longer breaks it (the old path ran a chunk as one ``paged_step``). Letters: B rows, the
+window's slots that decode or feed a chunk gathered into the smallest decode-row bucket that holds
+them (``plan_rows``; padding rows map to the null page), K ``decode_steps``, Pr ``prefill_rows``,
+C ``prefill_chunk``.
 
 **Host plan** (``plan_mixed``, before the call; no admission happens inside a window). It replays
 what K single steps would do: at iteration i the Pr oldest slots still prefilling (a template, or
@@ -263,8 +265,7 @@ def build_mixed_batch(plan: MixedPlan, sa: SlotArrays, block_tables: np.ndarray,
         limit[r] = plan.limits[s]
         if kind == "row":
             start[r], tokens[r], pos[r] = it, s.tokens[-1], len(s.tokens) - 1
-            if plan.limits[s] > 0:
-                busy = max(busy, it + 1)
+            busy = max(busy, it + 1)
     ct, cp = np.zeros((k, pr * c), np.int32), np.zeros((k, pr * c), np.int32)
     cv = np.zeros((k, pr * c), bool)
     cs, cl, clast, csamp = (np.zeros((k, pr), np.int32), np.zeros((k, pr), bool), np.zeros((k, pr), np.int32),

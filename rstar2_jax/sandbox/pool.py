@@ -138,7 +138,7 @@ class _Worker:
         self.notes = {k: info[k] for k in ("root_error", "seccomp_error") if info.get(k)}  # why a layer is off
         self.init_pid = info["host_pid"]
         try:  # the init waits for our next message: alive, so this pidfd is its own (pid reuse can't fool a kill)
-            self.init_pidfd: int | None = os.pidfd_open(self.init_pid)
+            self.init_pidfd = os.pidfd_open(self.init_pid)
         except (AttributeError, OSError):
             self.init_pidfd = None
         self.fd = self.conn.fileno()

@@ -140,7 +140,7 @@ def test_small_page_pool_preempts_and_still_matches(policy):
     small = EngineConfig(num_slots=4, page_size=4, max_seq_len=MAX_LEN, num_pages=14, prefill_chunk=8,
                          decode_row_buckets=(2,))  # also exercises the smaller decode-row variant
     eng = _engine(policy, small)
-    assert eng.warmup() == 9  # {2, 4} decode rows x {without, with} prefill rows, the mixed loop at 2/4 rows, copies 1/2/4
+    assert eng.warmup() == 9  # {2, 4} decode rows x {without, with} prefill rows, mixed loop at 2/4 rows, copies 1/2/4
     reqs = [Request(prompt=_prompt(6 + i, 50 + i), key=i, max_new_tokens=28, sampler=Greedy()) for i in range(5)]
     reqs.append(Request(prompt=_prompt(8, 60), key=7, max_new_tokens=26, sampler=Temperature()))
     ids = [eng.submit(r) for r in reqs]
