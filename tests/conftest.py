@@ -8,9 +8,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import pytest  # noqa: E402
 
-# tests/sandbox/ is one unit: its pools all drop to one uid (nobody), whose RLIMIT_NPROC budget and signals
-# are shared over the machine, so its hostile calls (a fork bomb, kill(-1) without a pid namespace) must not
-# run beside its other files' pools (two CI flakes: EAGAIN on fork, a call SIGKILLed); and one Ray cluster
+# tests/sandbox/ is one unit (one xdist group): its Ray tests start local clusters, and its hostile calls
+# (fork bombs, 10,000-call load) are timed; each worker's calls have a uid of their own (sandbox.uids), so
+# a fork bomb no longer eats other pools' RLIMIT_NPROC (the CI flakes of EAGAIN on fork)
 SANDBOX_DIR = "tests/sandbox/"
 
 

@@ -45,8 +45,9 @@ class Isolation:
     user_ns: bool = False  # namespaces created inside a user namespace (pool not root)
     private_tmp: bool = False  # tmpfs on WRITABLE_DIRS, wiped after each call
     private_proc: bool = False
-    uid: int | None = None  # uid the calls run as after the drop; None: no drop (pool not root)
+    uid: int | None = None  # uid this worker's calls run as after the drop; None: no drop (pool not root)
     user: str | None = None
+    own_uid: bool = False  # the uid is this worker's alone (leased from SandboxLimits.uid_range)
     exposed: tuple[str, ...] = ()  # dirs closed to others (e.g. /root) shown as just the Python install
     stdlib_readable: bool = True  # the calls can import stdlib modules that are not preloaded
     private_root: bool = False  # pivot_root into a root holding only the Python install (sandbox.rootfs)
@@ -54,12 +55,14 @@ class Isolation:
 
     @property
     def mode(self) -> str:
-        """Short summary, e.g. ``namespaces(pid,net,ipc,mnt)+uid(nobody)``; ``rlimits-only`` at worst."""
+        """Short summary, e.g. ``namespaces(pid,net,ipc,mnt)+uid(own)``; ``rlimits-only`` at worst.
+
+        ``uid(own)``: each worker's calls run as a uid of their own; ``uid(<user>)``: as ``user``'s uid."""
         names = [n for n, on in (("user", self.user_ns), ("pid", self.pid_ns), ("net", self.net_ns),
                                  ("ipc", self.ipc_ns), ("mnt", self.mount_ns)) if on]
         parts = [f"namespaces({','.join(names)})"] if names else []
         if self.uid is not None:
-            parts.append(f"uid({self.user})")
+            parts.append("uid(own)" if self.own_uid else f"uid({self.user})")
         parts += [name for name, on in (("root", self.private_root), ("seccomp", self.seccomp)) if on]
         return "+".join(parts) if parts else "rlimits-only"
 
@@ -221,7 +224,7 @@ class Mounts:
     root_error: str = ""  # why the private root could not be entered (then the shared-root layout is used)
 
 
-def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> Mounts:
+def setup_mounts(ns: dict[str, bool], limits: SandboxLimits, ids: tuple[int, int] | None = None) -> Mounts:
     """In the init, after preloading: the private root (``rootfs``) where asked for and possible, else
     private tmpfs on WRITABLE_DIRS and the Python install made reachable (``expose_python``); a fresh /proc.
 
@@ -238,7 +241,7 @@ def setup_mounts(ns: dict[str, bool], limits: SandboxLimits) -> Mounts:
         from . import rootfs
 
         try:
-            _, keep = rootfs.enter(limits.user, limits.tmpfs_mb)
+            _, keep = rootfs.enter(limits.user, limits.tmpfs_mb, ids=ids)
         except OSError as exc:
             root_error = f"{type(exc).__name__}: {exc}"
         else:
@@ -284,8 +287,9 @@ def _limit_ipc(ns: dict[str, bool]) -> None:
             pass
 
 
-def resolve_user(limits: SandboxLimits) -> tuple[int, int] | None:
-    """(uid, gid) to drop to when this process is root, else None."""
+def resolve_user(limits: SandboxLimits, uid: int | None = None) -> tuple[int, int] | None:
+    """(uid, gid) to drop to when this process is root, else None: ``uid`` (the worker's lease) or
+    ``limits.user``'s, and ``limits.user``'s gid."""
     if os.geteuid() != 0:
         return None
     try:
@@ -294,6 +298,10 @@ def resolve_user(limits: SandboxLimits) -> tuple[int, int] | None:
         raise ValueError(f"SandboxLimits.user {limits.user!r} does not exist on this machine") from None
     if entry.pw_uid == 0:
         raise ValueError(f"SandboxLimits.user {limits.user!r} must not be root")
+    if uid is not None:
+        if uid <= 0:
+            raise ValueError(f"sandbox uid must be positive, got {uid}")
+        return uid, entry.pw_gid
     return entry.pw_uid, entry.pw_gid
 
 

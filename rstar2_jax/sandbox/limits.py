@@ -70,7 +70,10 @@ class SandboxLimits:
     namespaces: bool = True  # False: skip all namespaces (uid drop + rlimits only; for tests/odd kernels)
     private_root: bool = True  # pivot_root into a root with only the Python install (sandbox.rootfs), as root
     seccomp: bool = True  # the calls' seccomp filter (sandbox.seccomp), where libseccomp is installed
-    user: str = "nobody"  # uid/gid the call drops to when the pool runs as root
+    user: str = "nobody"  # the calls' gid and user name when the pool runs as root
+    # a uid of its own per worker, from [start, stop) (as root; sandbox.uids): RLIMIT_NPROC, signals and
+    # the leftover-file cleanup are per uid over the machine. None: every call runs as ``user``'s uid.
+    uid_range: tuple[int, int] | None = (0x70010000, 0x70020000)
     startup_timeout_s: float = 120.0  # a worker that is not ready by then is a startup failure
     grace_s: float = 5.0  # extra wait on the worker beyond a call's wall limit before declaring it dead
 
@@ -96,6 +99,12 @@ class SandboxLimits:
                 raise ValueError(f"SandboxLimits.{name} must be a bool, got {getattr(self, name)!r}")
         if not isinstance(self.user, str) or not self.user:
             raise ValueError(f"SandboxLimits.user must be a non-empty user name, got {self.user!r}")
+        if self.uid_range is not None:
+            r = self.uid_range
+            if not (isinstance(r, tuple) and len(r) == 2 and all(isinstance(u, int) and not isinstance(u, bool)
+                                                                for u in r) and 0 < r[0] < r[1] <= 2**31):
+                raise ValueError("SandboxLimits.uid_range must be None or (start, stop) with 0 < start < stop "
+                                 f"<= 2**31, got {r!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

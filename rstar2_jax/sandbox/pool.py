@@ -24,7 +24,8 @@ What a user should know:
 * Isolation (``pool.isolation.mode``, also ``stats()["isolation"]``), each layer where the OS allows:
   per-worker pid, net, ipc and mount namespaces (created once, so not paid per call): no network, a
   call sees and can signal only its own processes, private tmpfs /tmp, /var/tmp, /dev/shm wiped after
-  every call. As root, calls run as ``limits.user`` (``nobody``) with ``PR_SET_NO_NEW_PRIVS``; if the
+  every call. As root, each worker's calls run as a uid of their own (leased host-wide from ``limits.uid_range``,
+  ``sandbox.uids``; group and name of ``limits.user``, ``nobody``) with ``PR_SET_NO_NEW_PRIVS``; if the
   Python install sits under a directory closed to that user (e.g. ``/root/.pyenv``), the worker's mount
   namespace shows the calls that directory with only the install in it. As root with a pid namespace, each
   worker pivots once into a private root (``rootfs``: read-only binds of the Python install and the
@@ -34,13 +35,13 @@ What a user should know:
   with EPERM; ``limits.seccomp``). ``stats()["isolation_notes"]`` says why a requested layer is off. As
   non-root: a user namespace, else rlimits only. The same pool runs on every node of a Ray cluster:
   ``cluster.RaySandboxPool``. Rlimits per call: address space (``memory_mb``), CPU, file size, processes (counted
-  per uid: shared by all calls running as ``nobody`` on the machine), open files. The wall limit is
+  per uid by the kernel: one worker's calls alone, with ``uid_range``), open files. The wall limit is
   enforced by the worker (SIGKILL of the call's whole process tree); leftovers of a call (daemons,
   double forks, ``setsid``) are killed when its main process ends.
 * Without namespaces (``limits.namespaces=False`` or an OS that refuses them) isolation is weaker: the
-  network is reachable, a call can see other processes and signal other ``nobody`` processes, files a
-  call leaves in the shared /tmp are removed after it by owner, and if the stdlib is unreadable to
-  ``nobody`` only preloaded modules and ``isolation.COMMON_STDLIB`` can be imported.
+  network is reachable, a call can see other processes (and signal those of its uid: its worker's), files a
+  call leaves in the shared /tmp are removed after it by owner (its worker's uid), and if the stdlib is
+  unreadable to other users only preloaded modules and ``isolation.COMMON_STDLIB`` can be imported.
 * Statuses: ``ok``, ``runtime_error`` (non-zero exit or signal), ``timeout`` (wall or CPU limit),
   ``memory`` (the call ended on a ``MemoryError``), ``output_limit`` (a stream exceeded
   ``limits.output_bytes``; the call is killed and ``truncated`` is set), ``sandbox_error`` (the worker
@@ -71,7 +72,7 @@ import time
 import multiprocess
 from multiprocess import spawn as _mp_spawn
 
-from . import worker
+from . import uids, worker
 from .backend import SandboxBackend, percentile_ms
 from .isolation import Isolation
 from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits
@@ -112,15 +113,21 @@ class _Worker:
         self.conn = parent_conn
         self.init_pid: int | None = None
         self.init_pidfd: int | None = None
+        # as root: a uid no other live worker on the host has (its calls' process budget, signals, files)
+        self.uid_lease = uids.lease(limits.uid_range) if os.geteuid() == 0 and limits.uid_range else None
         _tls.bare = True
         try:
             self.proc.start()
+        except BaseException:
+            self._release_uid()
+            raise
         finally:
             _tls.bare = False
         child_conn.close()
         try:
             sys_path = [os.path.abspath(p or os.curdir) for p in sys.path]
-            config = {"limits": dataclasses.asdict(limits), "sys_path": sys_path}
+            config = {"limits": dataclasses.asdict(limits), "sys_path": sys_path,
+                      "uid": None if self.uid_lease is None else self.uid_lease.uid}
             self.conn.send_bytes(marshal.dumps(("config", config)))
             if not self.conn.poll(limits.startup_timeout_s):
                 raise RuntimeError(f"sandbox worker not ready within {limits.startup_timeout_s} s")
@@ -202,6 +209,11 @@ class _Worker:
             self.conn.close()
         except OSError:
             pass
+        self._release_uid()  # the next lease skips it while its last call's processes are still going
+
+    def _release_uid(self) -> None:
+        if self.uid_lease is not None:
+            self.uid_lease.release()
 
 
 class _Slot(threading.Thread):
@@ -338,6 +350,10 @@ class SandboxPool(SandboxBackend):
     def worker_pids(self) -> list[int]:
         """Host pids of the workers' processes (spawned worker + its init), for diagnostics."""
         return [pid for slot in self._slots if slot.worker is not None for pid in slot.worker.pids()]
+
+    def worker_uids(self) -> list[int | None]:
+        """The uid each live worker's calls run as (its own with ``limits.uid_range`` as root; None: no drop)."""
+        return [slot.worker.isolation.uid for slot in self._slots if slot.worker is not None]
 
     def stats(self) -> dict:
         """Calls, status counts, latency percentiles (ms), queue depth, restarts and isolation mode."""

@@ -114,8 +114,8 @@ def _bind(fd: int, target: str, is_dir: bool, devices: bool = False) -> None:
     sc.mount("none", target, None, flags)
 
 
-def enter(user: str | None, tmpfs_mb: int, stage: str = "/tmp",
-          extra: tuple[str, ...] = ()) -> tuple[list[str], tuple[str, ...]]:
+def enter(user: str | None, tmpfs_mb: int, stage: str = "/tmp", extra: tuple[str, ...] = (),
+          ids: tuple[int, int] | None = None) -> tuple[list[str], tuple[str, ...]]:
     """Build the root on a tmpfs mounted at ``stage`` and pivot into it (the caller is root in a private
     mount namespace with a pid namespace, ``/`` already made private). Returns (the bound paths, the
     top-level entries of /tmp and /var/tmp that hold binds: the per-call cleanup must keep them)."""
@@ -156,8 +156,9 @@ def enter(user: str | None, tmpfs_mb: int, stage: str = "/tmp",
         users = "root:x:0:0:root:/root:/usr/sbin/nologin\n"
         groups = "root:x:0:\n"
         if entry is not None:
-            users += f"{entry.pw_name}:x:{entry.pw_uid}:{entry.pw_gid}:{entry.pw_name}:/tmp/work:/usr/sbin/nologin\n"
-            groups += f"sandbox:x:{entry.pw_gid}:\n"
+            uid, gid = ids if ids is not None else (entry.pw_uid, entry.pw_gid)  # the worker's own uid
+            users += f"{entry.pw_name}:x:{uid}:{gid}:{entry.pw_name}:/tmp/work:/usr/sbin/nologin\n"
+            groups += f"sandbox:x:{gid}:\n"
         _write(f"{r}/etc/passwd", users)
         _write(f"{r}/etc/group", groups)
         _write(f"{r}/etc/hosts", "127.0.0.1 localhost\n::1 localhost\n")

@@ -135,7 +135,7 @@ def init_main(fd: int, flags: str) -> None:
     limits = SandboxLimits(**config["limits"])
     sys.path[:] = [p for p in config["sys_path"] if p]
     try:
-        ids = None if ns["user_ns"] else isolation.resolve_user(limits)
+        ids = None if ns["user_ns"] else isolation.resolve_user(limits, config.get("uid"))
         for name in limits.preload:
             importlib.import_module(name)
         if limits.warmup:
@@ -149,7 +149,7 @@ def init_main(fd: int, flags: str) -> None:
                 program = seccomp.build()
             except (ImportError, OSError, RuntimeError, ValueError) as exc:  # no libseccomp: reported, not fatal
                 seccomp_error = f"{type(exc).__name__}: {exc}"
-        mounts = isolation.setup_mounts(ns, limits)
+        mounts = isolation.setup_mounts(ns, limits, ids)
         private_tmp = mounts.private_tmp
         readable = ids is None or isolation.stdlib_readable()  # seen through the mounts just made
         if not readable:  # the calls' uid cannot read the stdlib: import what math code commonly uses
@@ -160,7 +160,8 @@ def init_main(fd: int, flags: str) -> None:
                     pass
         info = isolation.Isolation(**ns, private_tmp=private_tmp, private_proc=mounts.private_proc,
                                    uid=None if ids is None else ids[0],
-                                   user=None if ids is None else limits.user, exposed=mounts.exposed,
+                                   user=None if ids is None else limits.user,
+                                   own_uid=ids is not None and config.get("uid") is not None, exposed=mounts.exposed,
                                    stdlib_readable=readable, private_root=mounts.private_root,
                                    seccomp=program is not None)
         base = None  # a directory of ours on the host's /tmp, removed when we exit

@@ -15,11 +15,14 @@ _BOOT_CMD = f" -I -c {_BOOT[:30]}"  # in the command line of a worker's init (an
 FAST = SandboxLimits(wall_s=1.0, cpu_s=1.0, output_bytes=64 * 1024)
 
 
-def _nobody_uid() -> int | None:
+def _sandbox_uid(uid: int) -> bool:
+    """``nobody``'s uid or one a worker may lease (the default ``SandboxLimits.uid_range``)."""
     try:
-        return pwd.getpwnam("nobody").pw_uid
+        nobody = pwd.getpwnam("nobody").pw_uid
     except KeyError:
-        return None
+        nobody = None
+    start, stop = SandboxLimits().uid_range
+    return uid == nobody or start <= uid < stop
 
 
 def _processes() -> dict[int, tuple[int, int, str]]:
@@ -91,15 +94,14 @@ def wait_until(predicate, what: str, timeout_s: float = 30.0) -> None:
 
 def strays(pool: SandboxPool) -> list[str]:
     """Processes a call left behind: anything under the pool's workers except their inits and each init's
-    warm child, and any process of the sandbox uid under this test process except (any pool's) warm children."""
+    warm child, and any process of a sandbox uid under this test process except (any pool's) warm children."""
     table = _processes()
     workers = set(pool.worker_pids())
     warm = set(warm_children(table).values())
     out = {pid: "below a worker" for pid in _below(table, workers) - workers - warm}
-    uid = _nobody_uid()
     for pid in _below(table, {os.getpid()}) - warm:
-        if pid in table and table[pid][1] == uid:
-            out[pid] = "owned by nobody"
+        if pid in table and _sandbox_uid(table[pid][1]):
+            out[pid] = "owned by a sandbox uid"
     return [f"{pid} ({why}): {table[pid][2]}" for pid, why in out.items() if pid in table]
 
 

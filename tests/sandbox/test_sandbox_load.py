@@ -34,11 +34,10 @@ def _request(i: int) -> tuple[CodeRequest, str]:
 
 @pytest.mark.slow
 def test_ten_thousand_calls_with_hostile_mix():
-    # nproc: RLIMIT_NPROC counts every process and thread of the calls' uid on the machine, and every
-    # pool drops to the same uid (nobody): with the default 64, another test's pools running beside this
-    # one (pytest-xdist) once made two "daemon" calls' fork fail with EAGAIN in CI. The per-call limit is
-    # tested in test_sandbox_hostile (fork bomb); here it must not depend on the neighbours.
-    limits = SandboxLimits(wall_s=2.0, cpu_s=2.0, output_bytes=16 * 1024, nproc=1024)
+    # the default nproc (64): RLIMIT_NPROC counts per uid over the machine, and each worker's calls have a
+    # uid of their own, so the fork bombs in the mix and other test files' pools (pytest-xdist) leave the
+    # other calls theirs (with one shared uid, two "daemon" calls' fork once failed with EAGAIN in CI)
+    limits = SandboxLimits(wall_s=2.0, cpu_s=2.0, output_bytes=16 * 1024)
     requests = [_request(i) for i in range(N)]
     t0 = time.monotonic()
     with SandboxPool(workers=4, limits=limits) as pool:

@@ -23,6 +23,7 @@ from rstar2_jax.sandbox import STATUSES, CodeRequest, CodeResult, SandboxLimits,
     (dict(memory_mb=1.5), "memory_mb"), (dict(nproc=True), "nproc"), (dict(output_bytes=0), "output_bytes"),
     (dict(preload=["numpy"]), "preload"), (dict(preload=("not a module",)), "preload"),
     (dict(network="no"), "network"), (dict(wall_s=float("inf")), "wall_s"), (dict(user=""), "user"),
+    (dict(uid_range=(5, 5)), "uid_range"), (dict(uid_range=[1, 2]), "uid_range"), (dict(uid_range=(0, 9)), "uid_range"),
 ])
 def test_limits_validation_names_the_field(kwargs, field):
     with pytest.raises(ValueError, match=f"SandboxLimits.{field}"):
@@ -87,7 +88,7 @@ def test_calls_run_isolated_as_reported(ns_pool):
     assert home_is_cwd and rec == FAST.recursion_limit and digits == FAST.int_max_str_digits
     if os.geteuid() == 0:
         assert iso.uid is not None and uid == iso.uid != 0
-        assert "uid(nobody)" in iso.mode
+        assert "uid(own)" in iso.mode and iso.own_uid
     if iso.pid_ns:
         assert iso.mode.startswith("namespaces(")
     r = ns_pool.run(CodeRequest(code="import sys\n'jax' in sys.modules"))
@@ -221,7 +222,7 @@ def test_worker_that_died_while_idle_is_replaced_before_the_next_call(ns_pool):
 def test_fallback_mode_reports_itself(fallback_pool):
     iso = fallback_pool.isolation
     assert not (iso.pid_ns or iso.net_ns or iso.mount_ns or iso.private_tmp)
-    base = "uid(nobody)" if os.geteuid() == 0 else "rlimits-only"
+    base = "uid(own)" if os.geteuid() == 0 else "rlimits-only"
     assert iso.mode in (base, f"{base}+seccomp".removeprefix("rlimits-only+")) and not iso.private_root
     r = fallback_pool.run(CodeRequest(code="import os\nos.getcwd() == os.environ['HOME'] == os.environ['TMPDIR']"))
     assert r.stdout == "True\n"

@@ -75,8 +75,9 @@ def test_warm_child_is_confined_before_its_request(ns_pool):
     ns_pool.run_batch([CodeRequest(code="1")] * 4)
     warm = _wait_for_warm(ns_pool)
     assert len(warm) == 2
+    assert sorted(_status_uid(pid) for pid in warm.values()) == sorted(ns_pool.worker_uids())  # dropped
+    assert len(set(ns_pool.worker_uids())) == 2  # to its worker's own uid while it waits
     for pid in warm.values():
-        assert _status_uid(pid) == ns_pool.isolation.uid  # dropped to nobody while it waits
         with open(f"/proc/{pid}/status") as f:
             assert next(line for line in f if line.startswith("NoNewPrivs:")).split()[1] == "1"
         assert os.stat(f"/proc/{pid}/fd").st_uid == 0  # not dumpable while it waits: its fds are out of reach

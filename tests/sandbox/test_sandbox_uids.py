@@ -1,0 +1,72 @@
+"""A uid of its own per worker (``sandbox.uids``): one call's process budget, signals and leftover files
+are not its neighbours'. The CI failure this guards against: a call's first ``fork`` got ``EAGAIN``
+because other calls, in other pools, ran as the same ``nobody`` and had used the uid's ``RLIMIT_NPROC``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import textwrap
+import time
+
+import pytest
+from sandbox_checks import FAST, check_healthy, wait_until
+
+from rstar2_jax.sandbox import CodeRequest, SandboxPool, uids
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the uid drop needs a root pool")
+
+HOG = textwrap.dedent("""
+    import os, time
+    open("/dev/shm/{tag}", "w").write("mine")  # shared /dev/shm without namespaces: cleaned by owner
+    n = 0
+    try:
+        while True:
+            if os.fork() == 0:
+                time.sleep(3)
+                os._exit(0)
+            n += 1
+    except OSError as exc:
+        print("stopped after", n, "forks:", exc.strerror)
+    time.sleep(1.5)  # its neighbour runs (and is cleaned up after) meanwhile
+    print(open("/dev/shm/{tag}").read(), os.getuid())
+""")
+NEIGHBOUR = "import os\npid = os.fork()\nif pid == 0:\n    os._exit(0)\nos.waitpid(pid, 0)\nos.getuid()"
+
+
+@pytest.mark.parametrize("namespaces", [True, False], ids=["namespaces", "fallback"])
+def test_a_call_that_uses_its_whole_process_budget_leaves_the_neighbours_theirs(namespaces):
+    limits = dataclasses.replace(FAST, wall_s=4.0, cpu_s=4.0, nproc=16, namespaces=namespaces)
+    tag = f"rstar2-uid-test-{os.getpid()}-{namespaces}"
+    with SandboxPool(workers=2, limits=limits) as pool, SandboxPool(workers=1, limits=limits) as other:
+        hog = pool.submit(CodeRequest(code=HOG.format(tag=tag)))
+        time.sleep(1.0)  # the hog has forked up to its RLIMIT_NPROC
+        same_pool = pool.run(CodeRequest(code=NEIGHBOUR))
+        other_pool = other.run(CodeRequest(code=NEIGHBOUR))
+        h = hog.result()
+        assert h.status == "ok" and h.stdout.startswith("stopped after 1") and "temporarily unavailable" in h.stdout, h
+        mine, hog_uid = h.stdout.splitlines()[-1].split()
+        assert mine == "mine", h  # the neighbours' cleanup left its file alone
+        assert same_pool.status == other_pool.status == "ok", (same_pool, other_pool)
+        seen = {int(hog_uid), int(same_pool.stdout), int(other_pool.stdout)}
+        assert len(seen) == 3 and 65534 not in seen, seen  # three workers, three uids, none nobody's
+        wait_until(lambda: not os.path.exists(f"/dev/shm/{tag}"), "the hog's own cleanup removed its file")
+        check_healthy(pool)
+        check_healthy(other)
+
+
+def test_leases_are_host_wide_and_released():
+    start = 0x70010000
+    first, second = uids.lease((start, start + 4)), uids.lease((start, start + 4))
+    try:
+        assert first.uid != second.uid  # both free of other workers (the suite's pools may hold some)
+        held = first.uid
+        first.release()
+        first.release()  # idempotent
+        again = uids.lease((held, held + 1))
+        assert again.uid == held
+        with pytest.raises(RuntimeError, match="uid_range"):
+            uids.lease((held, held + 1))
+        again.release()
+    finally:
+        second.release()
