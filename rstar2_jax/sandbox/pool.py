@@ -143,6 +143,9 @@ class _Worker:
             raise RuntimeError(f"sandbox worker failed to start: {info}")
         self.isolation = Isolation(**info["isolation"])
         self.notes = {k: info[k] for k in ("root_error", "seccomp_error") if info.get(k)}  # why a layer is off
+        if self.uid_lease is None and os.geteuid() == 0 and limits.uid_range:
+            self.notes["uid_error"] = (f"no uid of SandboxLimits.uid_range {limits.uid_range} is mapped in this "
+                                       f"user namespace (/proc/self/uid_map): calls share {limits.user!r}'s uid")
         self.init_pid = info["host_pid"]
         try:  # the init waits for our next message: alive, so this pidfd is its own (pid reuse can't fool a kill)
             self.init_pidfd = os.pidfd_open(self.init_pid)

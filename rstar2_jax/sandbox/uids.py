@@ -11,6 +11,8 @@ How: the pool process (root) takes, for each worker it starts, the lowest uid of
   worker's life (the kernel drops it when the pool process dies, however it dies), and
 * no process runs as (a killed worker's calls may take a moment to go).
 
+* is mapped in this user namespace (``/proc/self/uid_map``: a container's root may own only 65,536 uids).
+
 The lock files stay (never unlinked: unlinking a locked file races with its next locker); their number
 is the most workers ever alive at once on the host. No JAX here.
 """
@@ -25,11 +27,31 @@ _LOCK_PARENTS = ("/run", "/dev/shm", "/tmp")  # the first that exists: the same 
 
 
 def lock_dir() -> str:
-    """The host-wide directory of the lease files (root-only, mode 0700)."""
-    parent = next((p for p in _LOCK_PARENTS if os.path.isdir(p)), "/tmp")
-    path = os.path.join(parent, "rstar2-sandbox-uids")
-    os.makedirs(path, mode=0o700, exist_ok=True)
-    return path
+    """The host-wide directory of the lease files (root-only, mode 0700): under the first of
+    ``_LOCK_PARENTS`` where it can be made, which is the same for every process of a host."""
+    error: OSError | None = None
+    for parent in _LOCK_PARENTS:
+        path = os.path.join(parent, "rstar2-sandbox-uids")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            return path
+        except OSError as exc:
+            error = exc
+    raise RuntimeError(f"no directory for the sandbox's uid leases under {_LOCK_PARENTS}: {error}")
+
+
+def mapped(uid_range: tuple[int, int], uid_map: str = "/proc/self/uid_map") -> list[int]:
+    """The uids of ``[start, stop)`` this user namespace maps (all of them outside any user namespace)."""
+    start, stop = uid_range
+    try:
+        with open(uid_map) as f:
+            spans = [tuple(map(int, line.split())) for line in f if line.strip()]
+    except OSError:
+        return list(range(start, stop))
+    out: list[int] = []
+    for inside, _, count in sorted(spans):
+        out.extend(range(max(start, inside), min(stop, inside + count)))
+    return out
 
 
 def uids_in_use() -> set[int]:
@@ -57,12 +79,15 @@ class UidLease:
             self.fd = None
 
 
-def lease(uid_range: tuple[int, int]) -> UidLease:
-    """The lowest free uid in ``[start, stop)``; ``RuntimeError`` naming the range when none is free."""
-    start, stop = uid_range
+def lease(uid_range: tuple[int, int]) -> UidLease | None:
+    """The lowest free uid in ``[start, stop)``; None when this user namespace maps none of them (the
+    caller falls back to one shared uid and says so); ``RuntimeError`` naming the range when all are held."""
+    candidates = mapped(uid_range)
+    if not candidates:
+        return None
     directory = lock_dir()
     busy = uids_in_use()
-    for uid in range(start, stop):
+    for uid in candidates:
         if uid in busy:
             continue
         fd = os.open(os.path.join(directory, str(uid)), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)

@@ -70,3 +70,16 @@ def test_leases_are_host_wide_and_released():
         again.release()
     finally:
         second.release()
+
+
+def test_only_uids_the_user_namespace_maps_are_leased(tmp_path, monkeypatch):
+    uid_map = tmp_path / "uid_map"
+    uid_map.write_text("         0     100000      65536\n     70000     300000         10\n")  # a container's
+    assert uids.mapped((0x70010000, 0x70020000), str(uid_map)) == []
+    assert uids.mapped((65530, 70003), str(uid_map)) == [65530, 65531, 65532, 65533, 65534, 65535, 70000, 70001, 70002]
+    assert uids.mapped((5, 8)) == [5, 6, 7]  # this host's namespace maps every uid
+    monkeypatch.setattr(uids, "mapped", lambda uid_range: [])  # none mapped: one shared uid, and it says so
+    with SandboxPool(workers=1, limits=dataclasses.replace(FAST, preload=())) as pool:
+        assert "uid(nobody)" in pool.isolation.mode and not pool.isolation.own_uid
+        assert "uid_range" in pool.stats()["isolation_notes"]["uid_error"]
+        assert pool.run(CodeRequest(code="1 + 1")).stdout == "2\n"
