@@ -7,11 +7,11 @@ and their leftover files: one call's fork bomb makes a neighbour's ``fork`` fail
 
 How: the pool process (root) takes, for each worker it starts, the lowest uid of the range that
 
-* no live worker holds: an exclusive ``flock`` on ``<LOCK_DIR>/<uid>``, kept open by the pool for the
+* this user namespace maps (``/proc/self/uid_map``: a container's root may own only 65,536 uids; if
+  none is mapped the pool falls back to ``user``'s uid and says so in ``isolation_notes``),
+* no live worker holds: an exclusive ``flock`` on ``<lock_dir()>/<uid>``, kept open by the pool for the
   worker's life (the kernel drops it when the pool process dies, however it dies), and
 * no process runs as (a killed worker's calls may take a moment to go).
-
-* is mapped in this user namespace (``/proc/self/uid_map``: a container's root may own only 65,536 uids).
 
 The lock files stay (never unlinked: unlinking a locked file races with its next locker); their number
 is the most workers ever alive at once on the host. No JAX here.
