@@ -79,12 +79,20 @@ def test_short_demo_writes_every_metric_and_matches_the_golden(tmp_path):
 
 def _run(out: Path, cache: Path, extra=()):
     """A demo process; ``cache``: the persistent compilation cache the test's processes share (a later
-    process loads the executables an earlier one compiled: same programs, same results)."""
+    process loads the executables an earlier one compiled: same programs, same results). Its stderr goes
+    to ``<out>.stderr`` (a pipe nobody reads while the test waits could fill and stall it): see ``_tail``."""
     cmd = [sys.executable, str(ROOT / "experiments" / "toy_tool_math.py"), *TINY, "--rl-steps", "4",
            "--ckpt-every", "1", "--exec-time", "0", "--out", str(out), *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
-                                 "JAX_COMPILATION_CACHE_DIR": str(cache), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
+    with open(f"{out}.stderr", "ab") as err:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                                env={**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+                                     "JAX_COMPILATION_CACHE_DIR": str(cache),
+                                     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
+
+
+def _tail(out: Path) -> str:
+    """The last 2,000 characters of the stderr of the processes that wrote ``out``."""
+    return Path(f"{out}.stderr").read_text(errors="replace")[-2000:]
 
 
 def _rows(out: Path) -> list[dict]:
@@ -115,7 +123,7 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path):
     # nothing), so it and the resumed run load them from the cache instead of compiling them again
     if not _wait_for_rl_step(straight, tmp_path / "straight", 2):
         straight.kill()  # exited early or stalled: its stderr says why
-        pytest.fail(straight.stderr.read().decode()[-2000:])
+        pytest.fail(_tail(tmp_path / "straight"))
     killed = _run(tmp_path / "killed", cache, objective)
     # SIGKILL once the run is inside RL (RL step 2 of 4 logged; its checkpoint may or may not be written)
     if _wait_for_rl_step(killed, tmp_path / "killed", 2):
@@ -124,8 +132,8 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path):
     assert killed.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     assert any(cache.iterdir())  # the compilation cache was written (and read by the later processes)
     resumed = _run(tmp_path / "killed", cache, [*objective, "--resume"])
-    assert resumed.wait(timeout=900) == 0, resumed.stderr.read().decode()[-2000:]
-    assert straight.wait(timeout=900) == 0, straight.stderr.read().decode()[-2000:]
+    assert resumed.wait(timeout=900) == 0, _tail(tmp_path / "killed")
+    assert straight.wait(timeout=900) == 0, _tail(tmp_path / "straight")
     got, want = _rows(tmp_path / "killed"), _rows(tmp_path / "straight")
     assert got == want
     rl = [r for r in want if r.get("stage") == "rl" and "reward" in r]

@@ -58,10 +58,12 @@ def test_a_call_that_uses_its_whole_process_budget_leaves_the_neighbours_theirs(
 
 
 def test_leases_are_host_wide_and_released():
-    start = 0x70010000
+    start = 0x7001FF00  # the top of the default range: the suite's pools (other xdist worker) lease from the bottom
+    if not uids.mapped((start, start + 4)):
+        pytest.skip("this user namespace maps none of the default uid_range")
     first, second = uids.lease((start, start + 4)), uids.lease((start, start + 4))
     try:
-        assert first.uid != second.uid  # both free of other workers (the suite's pools may hold some)
+        assert first.uid != second.uid
         held = first.uid
         first.release()
         first.release()  # idempotent
