@@ -93,6 +93,12 @@ class RecipeConfig:
     template: Literal["full", "toy"] = "full"  # "full" rStar2 prompt, or "toy"
     # asynchronous RL (docs/design.md §5.2): no trained token more than this many versions old; 0: synchronous
     max_staleness: int = 0
+    # memory (rstar2_jax/plan.py): the longest rendered prompt (system prompt and template included) the
+    # plan assumes; the recipe refuses data with a longer one, naming the file and the line
+    max_prompt_tokens: int = 1024
+    # the share of each device's memory XLA may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION; XLA's default
+    # 0.75): the plan fits the run into device memory x memory_fraction, with a 5% margin of that
+    memory_fraction: float = 0.75
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str) -> ValueError:
@@ -111,6 +117,11 @@ class RecipeConfig:
         for name in ("stage1_max_steps", "stage2_max_steps", "stage3_steps", "warmup_steps", "max_staleness"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "an int >= 0")
+        if not _is_int(self.max_prompt_tokens) or self.max_prompt_tokens < 1:
+            raise bad("max_prompt_tokens", "a positive int")
+        if not isinstance(self.memory_fraction, (int, float)) or isinstance(self.memory_fraction, bool) \
+                or not 0 < self.memory_fraction <= 1:
+            raise bad("memory_fraction", "a number in (0, 1]")
         for name in ("sft_lr", "rl_lr", "temperature", "sft_epochs", "kv_memory_gb"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v < float("inf"):
