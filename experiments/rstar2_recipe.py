@@ -25,16 +25,15 @@ import jax
 from flax import nnx
 
 from rstar2_jax import distributed
-from rstar2_jax.config import MeshConfig, ModelConfig
+from rstar2_jax.config import ModelConfig
 from rstar2_jax.data.chat import render_records, validate_record
 from rstar2_jax.data.datasets import iter_jsonl, load_dataset, write_jsonl
 from rstar2_jax.eval import EvalConfig
 from rstar2_jax.learner import LearnerConfig
-from rstar2_jax.async_loop import AsyncConfig
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
 from rstar2_jax.recipe import STAGES, RecipeConfig, RecipeSchedule
 from rstar2_jax.rewards import RewardFn
-from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
+from rstar2_jax.rl import OptimConfig, RLConfig
 from rstar2_jax.rl.checkpoint import abstract_train_state
 from rstar2_jax.rollout.dispatcher import RolloutConfig
 from rstar2_jax.sampling.scripted import ScriptedPolicy
@@ -44,9 +43,8 @@ from rstar2_jax.sampling.weight_sync import WeightSync
 from rstar2_jax.run.driver import Parts, RunConfig, SFTPart, rl_rows, run, write_plots
 from rstar2_jax.run.resume import ResumeError
 from rstar2_jax.run.scripted import mixed_script
-from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Temperature
+from rstar2_jax.sampling import Greedy, PagedEngine, Temperature
 from rstar2_jax.sampling.placement import plan_placement
-from rstar2_jax.sandbox import SandboxLimits
 from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.sft import SFTConfig, shard_owner
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
@@ -63,7 +61,8 @@ def parse_args(argv):
     ap.add_argument("--allow-changed", default="", help="--resume: config fields allowed to differ, comma-separated "
                     "(e.g. ckpt_every,eval_every)")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
-                    help="override one config field (repeatable), e.g. --set stage1_max_steps=1 --set eval_every=null")
+                    help="override one config field (repeatable), e.g. --set stage1_max_steps=1 --set eval_every=null; a "
+                    "dotted field changes one field of a component: --set loss.kind=gspo --set engine.page_size=32")
     ap.add_argument("--log", default="", help="extra metrics sinks besides metrics.jsonl: tensorboard, wandb")
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--engines", type=int, default=None, help="engines per process (default: the config's; "
@@ -119,9 +118,21 @@ dry_run_script = mixed_script  # the dry-run's scripted policy (rstar2_jax/run/s
 
 
 def rl_config(cfg: RecipeConfig) -> RLConfig:
-    return RLConfig(roc=RocConfig(keep_per_group=cfg.group, mode=cfg.roc_mode),
-                    optim=OptimConfig(lr=cfg.rl_lr, warmup_steps=cfg.warmup_steps),
-                    temperature=cfg.temperature, micro_batch_size=cfg.micro_batch)
+    return cfg.rl_config()
+
+
+def check_prompts(problems, path: str, tok, tpl, max_prompt_tokens: int) -> int:
+    """The longest rendered prompt (system prompt and template included) of ``problems``; a config error
+    naming the file, the record and its length when one is longer than the plan's ``max_prompt_tokens``."""
+    longest = 0
+    for i, p in enumerate(problems):
+        n = len(tok.encode(render_prompt(p.problem, tpl)))
+        if n > max_prompt_tokens:
+            raise SystemExit(f"config error: {path}: problem {i + 1} (id {p.id!r}) renders to a {n}-token prompt, "
+                             f"more than max_prompt_tokens = {max_prompt_tokens} (the memory plan's assumption; raise "
+                             f"it, re-plan with python -m rstar2_jax.plan, or drop the problem)")
+        longest = max(longest, n)
+    return longest
 
 
 def load_config(args) -> RecipeConfig:
@@ -133,12 +144,10 @@ def load_config(args) -> RecipeConfig:
     if args.dry_run and args.devices_per_engine is None and jax.local_device_count() % 2 == 0:
         overrides["devices_per_engine"] = 2  # the dry-run's engines are tensor-parallel where they can be
     known = {f.name for f in dataclasses.fields(RecipeConfig)}
-    unknown = sorted(set(args.set) - known)
+    unknown = sorted(k for k in args.set if k.split(".")[0] not in known)
     if unknown:
         raise SystemExit(f"config error: --set {unknown[0]}: unknown field (known: {sorted(known)})")
     overrides.update(args.set)
-    if isinstance(overrides.get("mesh"), dict):
-        overrides["mesh"] = MeshConfig(**overrides["mesh"])
     try:
         return RecipeConfig.dry_run(**overrides) if args.dry_run else RecipeConfig.from_json(args.config, **overrides)
     except ValueError as e:
@@ -176,8 +185,7 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.out)
     show = not args.no_progress and distributed.is_main_process()
     tpl = TemplateConfig.toy(report_exec_time=False) if args.dry_run or cfg.template == "toy" else TemplateConfig()
-    limits = SandboxLimits(wall_s=5.0, cpu_s=5.0, memory_mb=2048, preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
-    with open_pool(cfg.sandbox_backend, workers=cfg.sandbox_workers, limits=limits,
+    with open_pool(cfg.sandbox_backend, workers=cfg.sandbox_workers, limits=cfg.sandbox,
                    ray_address=cfg.ray_address) as pool:
         sft_path, rl_path, eval_path = dry_run_data(out, pool, args.seed) if args.dry_run else (
             cfg.sft_data, cfg.rl_data, cfg.eval_data)
@@ -200,13 +208,15 @@ def main(argv: list[str] | None = None) -> dict:
             tok = HFTokenizer(cfg.model_path)
         reward_fn = RewardFn(pool=pool).batch
         rl_cfg = rl_config(cfg)
-        # the longest rendered prompt (system prompt and template included) + slack
-        max_prompt = max(len(tok.encode(render_prompt(p.problem, tpl))) for p in [*problems, *(eval_problems or [])]) + 64
+        # the longest rendered prompt (system prompt and template included; at most the plan's
+        # max_prompt_tokens, else a config error naming the record) + slack
+        longest = max(check_prompts(ps, path, tok, tpl, cfg.max_prompt_tokens)
+                      for ps, path in ((problems, rl_path), (eval_problems or [], eval_path)))
+        max_prompt = min(longest + 64, cfg.max_prompt_tokens)
         seq_len = max_prompt + max(cfg.stage2_budget, cfg.eval_budget or 0)
 
         def make_rollout():
-            ecfg = EngineConfig(num_slots=cfg.slots, page_size=16, max_seq_len=seq_len,
-                                kv_memory_bytes=int(cfg.kv_memory_gb * 2**30), prefill_chunk=128)
+            ecfg = cfg.engine_config(seq_len)
             placement = plan_placement(cfg.placement(), mcfg)
             if distributed.is_main_process():
                 print(placement.table())
@@ -222,7 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
                 engines = [ScriptedPolicy(e, script) for e in engines]
             return Rollout(engines, pool, tok, RolloutConfig(
                 n_samples=cfg.samples_per_problem, budget=cfg.stage1_budget, template=tpl,
-                sampler=Temperature(temperature=cfg.temperature))), engines
+                sampler=Temperature(temperature=cfg.temperature), admission=cfg.admission)), engines
 
         scfg = SFTConfig(seq_len=cfg.sft_seq_len, batch_size=cfg.sft_batch, epochs=cfg.sft_epochs,
                          micro_batch_size=cfg.sft_micro_batch,
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict:
             eval_problems=eval_problems,
             eval_cfg=EvalConfig(k=cfg.eval_k, sampler=Greedy() if cfg.eval_k == 1 else Temperature(
                 temperature=cfg.temperature), budget=cfg.eval_budget or cfg.stage2_budget, template=tpl),
-            async_rl=AsyncConfig(max_staleness=cfg.max_staleness))
+            async_rl=cfg.async_rl)
         run_cfg = {**cfg.to_json(), "seed": args.seed, "dry_run": args.dry_run}
         rc = RunConfig(out=out, seed=args.seed, ckpt_every=cfg.ckpt_every, eval_every=cfg.eval_every,
                        resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),

@@ -19,14 +19,57 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
+from rstar2_jax.admission.config import AdmissionConfig
+from rstar2_jax.async_loop import AsyncConfig
 from rstar2_jax.config import MeshConfig
-from rstar2_jax.rl.config import ROC_MODES, RocMode
+from rstar2_jax.rl.config import (ROC_MODES, AdvantageConfig, CorrectionConfig, LossConfig, OldLogpSource,
+                                  OptimConfig, RLConfig, RocConfig, RocMode)
+from rstar2_jax.sampling.engine_config import EngineConfig
 from rstar2_jax.sampling.placement import PlacementConfig
+from rstar2_jax.sandbox.limits import SandboxLimits
+from rstar2_jax.utils.config_io import build, set_dotted, to_plain
 
 STAGES = ("sft", "rl_stage1", "rl_stage2", "filter", "rl_stage3", "done")
 
 
 _DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class EngineOptions:
+    """The engines' knobs a run chooses (``sampling.EngineConfig`` less what the recipe derives: slots
+    from ``slots``, the pool from ``kv_memory_gb``, the longest sequence from the prompt and budgets)."""
+
+    page_size: int = 16  # Z: token positions per K/V page
+    prefill_chunk: int = 128  # C: tokens per prefill/extend row per step
+    prefill_rows: int = 1
+    attention_impl: str = "reference"  # decode kernel (sampling.kv_cache.attention_impls())
+    decode_row_buckets: tuple[int, ...] = ()
+    decode_steps: int = 8
+    kv_dtype: str | None = None  # None: the model's compute dtype
+    readmit_headroom: int = 4
+    swap_tokens: int = 0
+    prefix_cache: bool = False
+
+    def engine_config(self, *, num_slots: int, max_seq_len: int, kv_memory_bytes: int) -> EngineConfig:
+        return EngineConfig(num_slots=num_slots, max_seq_len=max_seq_len, kv_memory_bytes=kv_memory_bytes,
+                            **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+
+
+# the recipe's sandbox: 5 s per call, 2 GiB, the verifier's worker module preloaded
+RECIPE_SANDBOX = SandboxLimits(wall_s=5.0, cpu_s=5.0, memory_mb=2048,
+                               preload=("numpy", "sympy", "rstar2_jax.rewards.worker"))
+# component configs: RecipeConfig field -> (dataclass, the recipe's default); in JSON each is an object of
+# the dataclass's fields, and a partial object changes only the fields it names
+COMPONENTS: dict[str, tuple[type, Any]] = {
+    "loss": (LossConfig, LossConfig()), "advantage": (AdvantageConfig, AdvantageConfig()),
+    "correction": (CorrectionConfig, CorrectionConfig()), "roc": (RocConfig, RocConfig()),
+    "admission": (AdmissionConfig, AdmissionConfig()), "engine": (EngineOptions, EngineOptions()),
+    "sandbox": (SandboxLimits, RECIPE_SANDBOX), "async_rl": (AsyncConfig, AsyncConfig()),
+}
+# fields of a component that a flat RecipeConfig field sets (given in the component, they must agree)
+_SET_BY = {("roc", "keep_per_group"): "group", ("roc", "mode"): "roc_mode",
+           ("async_rl", "max_staleness"): "max_staleness"}
 _PATHS = {"model_path": "directory", "sft_data": "file", "rl_data": "file", "eval_data": "file"}
 
 
@@ -99,6 +142,19 @@ class RecipeConfig:
     # the share of each device's memory XLA may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION; XLA's default
     # 0.75): the plan fits the run into device memory x memory_fraction, with a 5% margin of that
     memory_fraction: float = 0.75
+    # the components (COMPONENTS): loss (kind, clips, aggregation, KL to the reference, entropy), advantage,
+    # rollout correction, RoC's other knobs, admission policy, engine options (page size, chunking, decode
+    # kernel, K/V dtype), sandbox limits, the async loop's other knobs (lookahead, stale rule, in-flight pushes)
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
+    correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)
+    roc: RocConfig = dataclasses.field(default_factory=RocConfig)  # keep_per_group, mode: from group, roc_mode
+    old_logp_source: str = "recompute"  # π_old: "recompute" (a no-grad pass at the update) or "sampler"
+    logprob_chunk_size: int = 128  # tokens per log-prob chunk of the update (never [B, T, V])
+    admission: AdmissionConfig = dataclasses.field(default_factory=AdmissionConfig)
+    engine: EngineOptions = dataclasses.field(default_factory=EngineOptions)
+    sandbox: SandboxLimits = dataclasses.field(default_factory=lambda: RECIPE_SANDBOX)
+    async_rl: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)  # max_staleness: from max_staleness
 
     def __post_init__(self) -> None:
         def bad(name: str, want: str) -> ValueError:
@@ -153,7 +209,20 @@ class RecipeConfig:
             raise bad("roc_mode", f"one of {ROC_MODES}")
         if not isinstance(self.mesh, MeshConfig):
             raise bad("mesh", "a MeshConfig (in JSON: an object with keys data, fsdp, tensor)")
+        self._build_components()
         self.placement()  # validates the engine fields
+        if self.old_logp_source not in [m.value for m in OldLogpSource]:
+            raise bad("old_logp_source", f"one of {[m.value for m in OldLogpSource]}")
+        if not _is_int(self.logprob_chunk_size) or self.logprob_chunk_size < 1:
+            raise bad("logprob_chunk_size", "a positive int")
+        try:
+            self.rl_config()
+        except ValueError as e:
+            raise ValueError(f"RecipeConfig (loss, advantage, correction, old_logp_source, temperature): {e}") from None
+        try:
+            self.engine_config(self.max_prompt_tokens + max(self.stage2_budget, self.eval_budget or 0))
+        except ValueError as e:
+            raise ValueError(f"RecipeConfig.engine: {e}") from None
         if self.sandbox_backend not in ("local", "ray"):
             raise bad("sandbox_backend", "'local' or 'ray'")
         if self.template not in ("full", "toy"):
@@ -165,6 +234,40 @@ class RecipeConfig:
             p = Path(str(v)).expanduser()
             if not (p.is_dir() if kind == "directory" else p.is_file()):
                 raise ValueError(f"RecipeConfig.{name}: {kind} not found: {p}")
+
+    def _build_components(self) -> None:
+        """Each component field as its dataclass: a JSON object (or a partial one, over the recipe's
+        default) is built and type-checked; the fields a flat field sets are filled from it."""
+        for name, (kind, default) in COMPONENTS.items():
+            value = getattr(self, name)
+            if isinstance(value, dict):
+                for (comp, key), flat in _SET_BY.items():
+                    if comp == name and key in value and to_plain(value[key]) != to_plain(getattr(self, flat)):
+                        raise ValueError(f"RecipeConfig.{name}.{key} ({value[key]!r}) is set by RecipeConfig.{flat} "
+                                         f"({getattr(self, flat)!r}): give it there")
+                value = build(kind, {**to_plain(default), **value}, where=f"RecipeConfig.{name}")
+            elif not isinstance(value, kind):
+                raise ValueError(f"RecipeConfig.{name} must be an object of {kind.__name__} fields, got {value!r}")
+            fill = {key: getattr(self, flat) for (comp, key), flat in _SET_BY.items() if comp == name}
+            if fill:
+                try:
+                    value = dataclasses.replace(value, **fill)
+                except ValueError as e:
+                    raise ValueError(f"RecipeConfig.{name}: {e}") from None
+            object.__setattr__(self, name, value)
+
+    def rl_config(self) -> RLConfig:
+        """The learner's update: RoC keeps ``group`` of ``samples_per_problem``, the loss, advantage and
+        correction components, π_old's source, the rollout temperature."""
+        return RLConfig(roc=self.roc, advantage=self.advantage, loss=self.loss, correction=self.correction,
+                        optim=OptimConfig(lr=self.rl_lr, warmup_steps=self.warmup_steps),
+                        temperature=self.temperature, micro_batch_size=self.micro_batch,
+                        old_logp_source=self.old_logp_source, logprob_chunk_size=self.logprob_chunk_size)
+
+    def engine_config(self, max_seq_len: int) -> EngineConfig:
+        """One engine's config for sequences of at most ``max_seq_len`` tokens (prompt + budget)."""
+        return self.engine.engine_config(num_slots=self.slots, max_seq_len=max_seq_len,
+                                         kv_memory_bytes=int(self.kv_memory_gb * 2**30))
 
     @classmethod
     def from_json(cls, path: str | Path, **overrides: Any) -> "RecipeConfig":
@@ -189,14 +292,7 @@ class RecipeConfig:
             raise ValueError(f"{path}: field {missing[0]!r} is required (a local "
                              f"{_PATHS[missing[0]]}; see experiments/configs/rstar2_14b.json)")
         try:
-            if isinstance(raw.get("mesh"), dict):
-                keys = {f.name for f in dataclasses.fields(MeshConfig)}
-                extra = sorted(set(raw["mesh"]) - keys)
-                if extra:
-                    raise ValueError(f"RecipeConfig.mesh: unknown key {extra[0]!r} (known: {sorted(keys)})")
-                raw["mesh"] = MeshConfig(**raw["mesh"])
-            raw.update(overrides)
-            cfg = cls(**raw)
+            cfg = cls(**_with_overrides(raw, overrides))
             from rstar2_jax.plan import check_recipe
             check_recipe(cfg)  # the memory plan: a run that cannot fit its devices is refused, with the table
             return cfg
@@ -206,10 +302,7 @@ class RecipeConfig:
     @classmethod
     def from_saved(cls, raw: dict[str, Any]) -> "RecipeConfig":
         """The inverse of ``to_json`` (no path checks beyond ``__post_init__``)."""
-        raw = dict(raw)
-        if isinstance(raw.get("mesh"), dict):
-            raw["mesh"] = MeshConfig(**raw["mesh"])
-        return cls(**raw)
+        return cls(**_with_overrides(raw, {}))
 
     def placement(self) -> PlacementConfig:
         """Where the engines go (laid over each process's devices by ``plan_placement``)."""
@@ -217,7 +310,8 @@ class RecipeConfig:
                                weight_dtype=self.engine_weight_dtype)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every field as plain JSON (components as objects, enums as strings): ``from_saved`` reads it."""
+        return to_plain(self)
 
     @classmethod
     def dry_run(cls, **overrides: Any) -> "RecipeConfig":
@@ -229,8 +323,22 @@ class RecipeConfig:
                     stage2_max_steps=1, stage3_steps=1, trunc_target=1.0, trunc_tol=0.5, trunc_window=1, filter_k=2,
                     filter_pool=4, eval_every=2, eval_k=1, engines=None, devices_per_engine=1, slots=8,
                     kv_memory_gb=0.01, sandbox_workers=1, ckpt_every=1, template="toy")
-        base.update(overrides)
-        return cls(**base)
+        return cls(**_with_overrides(base, overrides))
+
+
+def _with_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``raw`` with each override applied (a dotted key such as ``loss.kind`` changes one field of a
+    component) and the mesh object as a ``MeshConfig`` (an unknown key is an error naming it)."""
+    raw = dict(raw)
+    for key, value in overrides.items():
+        set_dotted(raw, key, value)
+    if isinstance(raw.get("mesh"), dict):
+        keys = {f.name for f in dataclasses.fields(MeshConfig)}
+        extra = sorted(set(raw["mesh"]) - keys)
+        if extra:
+            raise ValueError(f"RecipeConfig.mesh: unknown key {extra[0]!r} (known: {sorted(keys)})")
+        raw["mesh"] = MeshConfig(**raw["mesh"])
+    return raw
 
 
 def _is_int(v: Any) -> bool:

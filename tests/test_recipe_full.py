@@ -69,21 +69,66 @@ def run_dir(tmp_path_factory):
            "rl_lr": 1e-4, "warmup_steps": 0, "stage1_budget": 48, "stage2_budget": 48, "stage1_max_steps": 1,
            "stage2_max_steps": 1, "stage3_steps": 1, "trunc_target": 1.0, "trunc_tol": 0.5, "trunc_window": 1,
            "filter_k": 2, "filter_pool": 4, "engines": None, "devices_per_engine": 2, "slots": 8,
-           "kv_memory_gb": 0.01, "sandbox_workers": 1, "ckpt_every": 10, "template": "full"}
+           "kv_memory_gb": 0.01, "sandbox_workers": 1, "ckpt_every": 10, "template": "full",
+           # components: partial objects over the recipe's defaults (the test checks they reach the built objects)
+           "engine": {"page_size": 8}, "sandbox": {"wall_s": 6.0}, "admission": {"prior_weight": 2.0},
+           "loss": {"eps_high": 0.28}}
     (root / "config.json").write_text(json.dumps(cfg))
     return root
 
 
+def _record_built(monkeypatch, script) -> dict:
+    """Wrap the script's constructors to record the engine configs, sandbox limits, rollout config and RL
+    config it builds (each still builds the real object)."""
+    built: dict = {"engine": []}
+
+    class Engine(script.PagedEngine):
+        def __init__(self, *args, **kwargs):
+            built["engine"].append(args[3])
+            super().__init__(*args, **kwargs)
+
+    def wrap(name, record):
+        real = getattr(script, name)
+
+        def make(*args, **kwargs):
+            record(args, kwargs)
+            return real(*args, **kwargs)
+        monkeypatch.setattr(script, name, make)
+
+    monkeypatch.setattr(script, "PagedEngine", Engine)
+    wrap("open_pool", lambda a, k: built.update(limits=k["limits"]))
+    wrap("Rollout", lambda a, k: built.update(rollout=a[3]))
+    wrap("Parts", lambda a, k: built.update(rl=k["rl"], async_rl=k["async_rl"]))
+    return built
+
+
 @pytest.mark.slow
-def test_full_recipe_path_on_an_hf_directory(run_dir, capsys):
+def test_full_recipe_path_on_an_hf_directory(run_dir, capsys, monkeypatch):
     import rstar2_recipe
+
+    from rstar2_jax.recipe import RecipeConfig
+
+    built = _record_built(monkeypatch, rstar2_recipe)
 
     tok = HFTokenizer(run_dir / "model")
     for special in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|endoftext|>"):
         assert len(tok.encode(special)) == 1, special  # single ids, as in Qwen's tokenizer
     assert jax.device_count() == 8
     out = run_dir / "out"
-    summary = rstar2_recipe.main(["--config", str(run_dir / "config.json"), "--out", str(out), "--no-progress"])
+    summary = rstar2_recipe.main(["--config", str(run_dir / "config.json"), "--out", str(out), "--no-progress",
+                                  "--set", "loss.eps_low=0.25", "--set", "engine.prefill_chunk=32"])
+    # the file's components and the dotted --set overrides reached the objects the run built, the rest of
+    # each component kept the recipe's defaults; the run directory holds the whole config, which reads back
+    assert [(e.page_size, e.prefill_chunk, e.num_slots) for e in built["engine"]] == [(8, 32, 8)] * 4
+    assert (built["limits"].wall_s, built["limits"].memory_mb) == (6.0, 2048)
+    assert built["rollout"].admission.prior_weight == 2.0
+    assert (built["rl"].loss.eps_high, built["rl"].loss.eps_low, built["rl"].roc.keep_per_group) == (0.28, 0.25, 2)
+    assert built["async_rl"].max_staleness == 0
+    saved = json.loads((out / "recipe_config.json").read_text())
+    assert (saved["engine"]["page_size"], saved["engine"]["prefill_chunk"], saved["loss"]["eps_low"]) == (8, 32, 0.25)
+    fields = {k: v for k, v in saved.items() if k not in ("seed", "dry_run")}
+    again = RecipeConfig.from_saved(fields)
+    assert again.to_json() == fields and (again.loss, again.sandbox) == (built["rl"].loss, built["limits"])
     printed = capsys.readouterr().out
     assert "placement: processes = 1, engines = 4, devices_per_engine = 2, devices_used = 8/8" in printed
     assert summary["stages"][:3] == ["sft", "rl_stage1", "rl_stage2"]

@@ -1,0 +1,148 @@
+"""Every component config is reachable from a recipe config file: loss (with KL), advantage, correction,
+RoC, admission, engine options, sandbox limits, the async loop. Each is typed and validated before
+anything loads, errors name the dotted field and the file, dotted ``--set`` overrides reach the built
+configs, and the whole config round-trips through its saved JSON."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from rstar2_jax.recipe import RECIPE_SANDBOX, RecipeConfig
+from rstar2_jax.rl.config import AdvantageKind, CorrectionLevel, KLEstimator, LossKind
+from rstar2_jax.utils.config_io import build, set_dotted, to_plain
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+
+
+def _config(tmp_path, **changes) -> Path:
+    raw = json.loads((ROOT / "experiments/configs/rstar2_14b.json").read_text())
+    (tmp_path / "model").mkdir(exist_ok=True)
+    for name in ("sft.jsonl", "rl.jsonl", "eval.jsonl"):
+        (tmp_path / name).write_text("")
+    raw.update(model_path=str(tmp_path / "model"), sft_data=str(tmp_path / "sft.jsonl"),
+               rl_data=str(tmp_path / "rl.jsonl"), eval_data=str(tmp_path / "eval.jsonl"))
+    raw.update(changes)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+def test_components_from_a_file_reach_the_built_configs(tmp_path):
+    cfg = RecipeConfig.from_json(_config(
+        tmp_path, loss={"kind": "gspo", "kl_coef": 0.01, "kl_estimator": "k2"}, advantage={"kind": "rloo"},
+        correction={"is_level": "token", "is_cap": 3.0}, roc={"penalties": "release"},
+        admission={"policy": "dynamic", "migrate": True}, engine={"page_size": 32, "kv_dtype": "bfloat16"},
+        sandbox={"wall_s": 10.0}, async_rl={"lookahead": 2, "stale": "keep"}, max_staleness=2,
+        old_logp_source="recompute"))
+    rl = cfg.rl_config()
+    assert (rl.loss.kind, rl.loss.kl_coef, rl.loss.kl_estimator) == (LossKind.GSPO, 0.01, KLEstimator.K2)
+    assert rl.loss.uses_reference and rl.advantage.kind == AdvantageKind.RLOO
+    assert (rl.correction.is_level, rl.correction.is_cap) == (CorrectionLevel.TOKEN, 3.0)
+    assert (rl.roc.keep_per_group, rl.roc.mode, rl.roc.penalties) == (16, "paper", "release")
+    assert (cfg.admission.policy, cfg.admission.migrate) == ("dynamic", True)
+    ecfg = cfg.engine_config(4096)
+    assert (ecfg.page_size, ecfg.kv_dtype, ecfg.prefill_chunk, ecfg.num_slots, ecfg.max_seq_len) == (
+        32, "bfloat16", 128, 64, 4096)
+    assert (cfg.sandbox.wall_s, cfg.sandbox.memory_mb, cfg.sandbox.preload) == (10.0, 2048, RECIPE_SANDBOX.preload)
+    assert (cfg.async_rl.max_staleness, cfg.async_rl.lookahead, cfg.async_rl.stale) == (2, 2, "keep")
+
+
+def test_defaults_are_the_recipe_s_previous_hard_coded_values():
+    cfg = RecipeConfig.dry_run()
+    ecfg = cfg.engine_config(1024)
+    assert (ecfg.page_size, ecfg.prefill_chunk, ecfg.attention_impl) == (16, 128, "reference")
+    assert (cfg.sandbox.wall_s, cfg.sandbox.cpu_s, cfg.sandbox.memory_mb) == (5.0, 5.0, 2048)
+    rl = cfg.rl_config()
+    assert (rl.roc.keep_per_group, rl.loss.kind, rl.old_logp_source, rl.micro_batch_size) == (2, "ppo_clip", "recompute",
+                                                                                             None)
+    assert cfg.async_rl.max_staleness == 0 and cfg.admission.policy == "capacity"
+
+
+def test_the_config_round_trips_through_its_json(tmp_path):
+    cfg = RecipeConfig.dry_run(**{"loss.kind": "cispo", "engine.decode_row_buckets": [2, 4],
+                                  "sandbox.uid_range": None, "max_staleness": 1, "async_rl.inflight": True})
+    text = json.dumps(cfg.to_json())
+    back = RecipeConfig.from_saved(json.loads(text))
+    assert back == cfg and back.to_json() == json.loads(text)
+    assert back.engine.decode_row_buckets == (2, 4) and back.sandbox.uid_range is None
+
+
+@pytest.mark.parametrize("changes,match", [
+    ({"loss": {"kind": "ppo"}}, r"c.json: RecipeConfig.loss.kind must be one of \['ppo_clip', 'gspo'"),
+    ({"loss": {"eps_hihg": 0.3}}, r"c.json: RecipeConfig.loss.eps_hihg: unknown field \(known: \["),
+    ({"loss": {"kl_coef": "0.1"}}, r"c.json: RecipeConfig.loss.kl_coef must be a number, got '0.1'"),
+    ({"loss": {"kl_coef": -1.0}}, r"c.json: RecipeConfig.loss: kl_coef must be >= 0"),
+    ({"engine": {"page_size": 0}}, r"c.json: RecipeConfig.engine: EngineConfig.page_size must be a positive int"),
+    ({"engine": {"prefix_cache": 1}}, r"c.json: RecipeConfig.engine.prefix_cache must be true or false, got 1"),
+    ({"engine": 16}, r"c.json: RecipeConfig.engine must be an object of EngineOptions fields, got 16"),
+    ({"sandbox": {"preload": "numpy"}}, r"c.json: RecipeConfig.sandbox.preload must be a list, got 'numpy'"),
+    ({"admission": {"policy": "fifo"}}, r"c.json: RecipeConfig.admission: .*policy"),
+    ({"async_rl": {"stale": "maybe"}}, r"c.json: RecipeConfig.async_rl.stale must be one of \['drop', 'keep'\]"),
+    ({"roc": {"keep_per_group": 8}}, r"c.json: RecipeConfig.roc.keep_per_group \(8\) is set by RecipeConfig.group"),
+    ({"async_rl": {"max_staleness": 1}}, r"RecipeConfig.async_rl.max_staleness \(1\) is set by RecipeConfig.max_st"),
+    ({"old_logp_source": "engine"}, r"c.json: RecipeConfig.old_logp_source must be one of \['recompute', 'sampler'\]"),
+    ({"old_logp_source": "sampler", "correction": {"mask_level": "token"}},
+     r"c.json: RecipeConfig \(loss, .*\): correction needs old_logp_source='recompute'"),
+    ({"old_logp_source": "sampler", "temperature": 0.7}, r"c.json: RecipeConfig \(loss, .*\): temperature=0.7 needs"),
+    ({"max_prompt_tokens": 0}, r"c.json: RecipeConfig.max_prompt_tokens must be a positive int"),
+    ({"memory_fraction": 1.5}, r"c.json: RecipeConfig.memory_fraction must be a number in \(0, 1\]"),
+])
+def test_component_errors_name_the_dotted_field_and_the_file(tmp_path, changes, match):
+    with pytest.raises(ValueError, match=match):
+        RecipeConfig.from_json(_config(tmp_path, **changes))
+
+
+def test_dotted_set_overrides_on_the_command_line(tmp_path):
+    import rstar2_recipe
+
+    args = rstar2_recipe.parse_args(["--config", str(_config(tmp_path, loss={"kind": "gspo"})),
+                                     "--set", "loss.eps_high=0.3", "--set", "engine.page_size=64",
+                                     "--set", 'sandbox.preload=["numpy"]', "--set", "mesh.tensor=4",
+                                     "--set", "mesh.fsdp=16"])
+    cfg = rstar2_recipe.load_config(args)
+    assert (cfg.loss.kind, cfg.loss.eps_high) == (LossKind.GSPO, 0.3)  # the file's kind kept, one field changed
+    assert (cfg.engine.page_size, cfg.engine.prefill_chunk, cfg.sandbox.preload) == (64, 128, ("numpy",))
+    assert cfg.mesh.shape(64) == (1, 16, 4)
+    bad = rstar2_recipe.parse_args(["--config", str(_config(tmp_path)), "--set", "los.kind=gspo"])
+    with pytest.raises(SystemExit, match=r"config error: --set los.kind: unknown field"):
+        rstar2_recipe.load_config(bad)
+    bad = rstar2_recipe.parse_args(["--config", str(_config(tmp_path)), "--set", "engine.page=8"])
+    with pytest.raises(SystemExit, match=r"c.json: RecipeConfig.engine.page: unknown field"):
+        rstar2_recipe.load_config(bad)
+
+
+def test_prompts_longer_than_the_plan_s_maximum_are_refused(tmp_path):
+    import rstar2_recipe
+
+    from rstar2_jax.data.datasets import Problem
+    from rstar2_jax.rollout.template import TemplateConfig
+    from rstar2_jax.tokenizer import ByteTokenizer
+
+    tok, tpl = ByteTokenizer(), TemplateConfig.toy(report_exec_time=False)
+    probs = [Problem(id="a", problem="1 + 1?", answer="2"), Problem(id="b", problem="x" * 400, answer="2")]
+    n = rstar2_recipe.check_prompts(probs[:1], "rl.jsonl", tok, tpl, 10_000)
+    assert n == len(tok.encode(rstar2_recipe.render_prompt("1 + 1?", tpl)))
+    with pytest.raises(SystemExit, match=r"config error: rl.jsonl: problem 2 \(id 'b'\) renders to a \d+-token "
+                                         r"prompt, more than max_prompt_tokens = 300"):
+        rstar2_recipe.check_prompts(probs, "rl.jsonl", tok, tpl, 300)
+
+
+def test_build_checks_types_and_set_dotted_nests():
+    from rstar2_jax.sandbox.limits import SandboxLimits
+
+    lim = build(SandboxLimits, {"wall_s": 3, "uid_range": [1, 2], "preload": []}, where="x.sandbox")
+    assert (lim.wall_s, lim.uid_range, lim.preload) == (3.0, (1, 2), ())
+    with pytest.raises(ValueError, match=r"x.sandbox.uid_range must be a list or null, got 7"):
+        build(SandboxLimits, {"uid_range": 7}, where="x.sandbox")
+    with pytest.raises(ValueError, match=r"x.sandbox.wall_s must be a number, got True"):
+        build(SandboxLimits, {"wall_s": True}, where="x.sandbox")
+    raw = {"a": 1}
+    set_dotted(raw, "b.c.d", 2)
+    set_dotted(raw, "b.e", [3])
+    assert raw == {"a": 1, "b": {"c": {"d": 2}, "e": [3]}}
+    with pytest.raises(ValueError, match=r"--set a.x: a is 1, not an object"):
+        set_dotted(raw, "a.x", 0)
+    assert to_plain(lim)["uid_range"] == [1, 2]
