@@ -325,15 +325,28 @@ def test_worker_reports_model_steps_and_waiting_groups_are_not_retried_every_ste
         def __init__(self, i):
             self.id, self.problem, self.answer = f"p{i}", f"What is {i}?", "1"
 
-    places = []
-    real_place = disp.AdmissionLedger.place
+    # Counted, not timed (the worker threads' pace differs from run to run): every message the dispatcher
+    # handles is recorded with whether it made an admission due; admissions (and so placements) happen
+    # only after a message that made one due, and a quiet step (no stop, no preemption, no ADMIT_EVERY
+    # boundary) never does.
+    places, admits, handled = [], [], []
+    real_place, real_admit, real_handle = disp.AdmissionLedger.place, Dispatcher._admit, Dispatcher._handle
     monkeypatch.setattr(disp.AdmissionLedger, "place",
-                        lambda self, *a, **k: places.append(1) or real_place(self, *a, **k))
+                        lambda self, *a, **k: places.append(len(admits)) or real_place(self, *a, **k))
+    monkeypatch.setattr(Dispatcher, "_admit", lambda self: admits.append(len(handled)) or real_admit(self))
+
+    def handle(self, msg):
+        real_handle(self, msg)
+        handled.append((msg, self.b.admit_due))
+    monkeypatch.setattr(Dispatcher, "_handle", handle)
     engines = [Looping(tok, lambda *a: answer, num_slots=2) for _ in range(2)]
     for e in engines:
         e.per_call = 1  # single steps: a call per step
     cfg = RolloutConfig(n_samples=2, budget=128, template=tpl, admission=DYNAMIC)
     res = Dispatcher(engines, InstantPool(), tok, cfg).run([P(i) for i in range(6)])
     assert all(t.done_reason == "answer" for t in res.trajectories)
-    calls = sum(e.calls for e in engines)
-    assert len(places) < calls / 2, (len(places), calls)  # ~ once per stop, not once per step
+    assert admits[0] == 0 and all(handled[n - 1][1] for n in admits[1:])  # each admission follows a due message
+    assert len(admits) >= sum(due for _, due in handled[:-1])  # ... and every due message got one
+    quiet = [m for m, due in handled if isinstance(m, Stepped) and not due]
+    assert quiet and all(not m.events and m.steps == 1 for m in quiet)  # quiet single steps admit nothing
+    assert set(places) <= set(range(1, len(admits) + 1))  # placements only inside admissions
