@@ -4,8 +4,8 @@ Both directions hold one tensor's local slices on the host at a time, in one pro
 
 Loading (:func:`load_hf`) builds the model abstractly (``nnx.eval_shape``), checks every tensor's
 name and shape against the safetensors headers before reading anything, then builds each parameter
-with ``jax.make_array_from_callback``: each process reads, for each of its devices' shards, only
-the bytes of that slice (positioned reads of whole rows, a few MiB at a time; no mmap, so nothing
+from its devices' pieces (as ``jax.make_array_from_callback``): each process reads, for each distinct
+slice its devices hold, only the rows of that slice (positioned reads of whole rows, a few MiB at a time; no mmap, so nothing
 of the file stays resident), converts the slice to our layout and casts it to ``param_dtype``.
 There is no cross-process collective: a process's host memory is one tensor's local slices, and
 what stays after the load is its own devices' shards (half of an fsdp-sharded model on 2 processes).
@@ -290,6 +290,29 @@ class _TensorReader:
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding,
+           read: Callable[[tuple[slice, ...]], np.ndarray]) -> jax.Array:
+    """A global array of ``shape`` with ``sharding`` from ``read(index)`` of this process's slices.
+
+    Like ``jax.make_array_from_callback`` (no communication), but each distinct slice is read once
+    and put on its devices before the next is read, so the host holds one slice at a time (the
+    callback form holds every local slice on the host until it has put them all)."""
+    index_map = sharding.addressable_devices_indices_map(shape)
+    groups: dict[tuple, list] = {}
+    for device, idx in index_map.items():
+        k = tuple(s.indices(n)[:2] for s, n in zip(idx, shape))
+        groups.setdefault(k, [idx, []])[1].append(device)
+    arrays = {}
+    for idx, devices in groups.values():
+        host = np.ascontiguousarray(read(idx))
+        for device in devices:
+            arrays[device] = jax.device_put(host, device)
+        jax.block_until_ready([arrays[d] for d in devices])  # the copies are done: the host slice can go
+        del host
+    return jax.make_array_from_single_device_arrays(
+        shape, sharding, [arrays[d] for d in index_map])
+
+
 def load_hf(path: str | Path, *, mesh: Mesh | None = None, dtype: str | None = None,
             param_dtype: str | None = None) -> tuple[nnx.GraphDef, nnx.State, ModelConfig]:
     """Load an HF Qwen3/Qwen2 directory -> ``(graphdef, params, cfg)``, params placed on ``mesh``
@@ -333,14 +356,7 @@ def load_hf(path: str | Path, *, mesh: Mesh | None = None, dtype: str | None = N
             sharding = sharding_leaves.get(key)
             if sharding is None:
                 return jnp.asarray(layout.read(reader.box, ()).astype(pdt))
-            cache: dict[tuple, np.ndarray] = {}  # devices holding the same slice read it once
-
-            def slice_of(idx):
-                k = tuple(s.indices(n)[:2] for s, n in zip(idx, leaf.shape))
-                if k not in cache:
-                    cache[k] = np.ascontiguousarray(layout.read(reader.box, idx).astype(pdt, copy=False))
-                return cache[k]
-            return jax.make_array_from_callback(tuple(leaf.shape), sharding, slice_of)
+            return _place(tuple(leaf.shape), sharding, lambda idx: layout.read(reader.box, idx).astype(pdt))
         finally:
             reader.close()
 
