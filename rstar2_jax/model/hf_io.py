@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import mmap
 import os
 from pathlib import Path
 from typing import Any, Callable
@@ -234,6 +235,16 @@ def _tensor_index(ckpt_dir: Path) -> dict[str, TensorInfo]:
     return read_header(single)
 
 
+def _host_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """``np.empty`` with its own anonymous mapping (from 1 MiB): freeing it returns the pages at once,
+    where a malloc'd temporary can stay resident as a hole between the device buffers."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if nbytes < 2**20:
+        return np.empty(shape, dtype)
+    return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
+
+
 class _TensorReader:
     """Positioned reads of boxes of one tensor (an open file; no mmap, so nothing stays resident)."""
 
@@ -271,14 +282,14 @@ class _TensorReader:
         rest_idx = [s.indices(n)[:2] for s, n in zip(rest, shape[1:])]
         row_items = math.prod(shape[1:])
         row_bytes = row_items * self.dtype.itemsize
-        out = np.empty((r1 - r0, *(b - a for a, b in rest_idx)), self.dtype)
+        out = _host_empty((r1 - r0, *(b - a for a, b in rest_idx)), self.dtype)
         if out.size == 0:
             return out
         if all((a, b) == (0, n) for (a, b), n in zip(rest_idx, shape[1:])):
             self._read_into(out, self.info.begin + r0 * row_bytes)
             return out
         step = max(1, READ_CHUNK_BYTES // max(row_bytes, 1))
-        buf = np.empty((min(step, r1 - r0), *shape[1:]), self.dtype)
+        buf = _host_empty((min(step, r1 - r0), *shape[1:]), self.dtype)
         sel = (slice(None),) + tuple(slice(a, b) for a, b in rest_idx)
         for r in range(r0, r1, step):
             m = min(step, r1 - r)
@@ -290,9 +301,17 @@ class _TensorReader:
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding,
+def _contiguous(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``x`` cast to ``dtype``, C-contiguous (one copy: the layout transpose and the cast together)."""
+    out = _host_empty(x.shape, dtype)
+    np.copyto(out, x, casting="unsafe")
+    return out
+
+
+def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding, dtype: np.dtype,
            read: Callable[[tuple[slice, ...]], np.ndarray]) -> jax.Array:
-    """A global array of ``shape`` with ``sharding`` from ``read(index)`` of this process's slices.
+    """A global array of ``shape`` with ``sharding`` from ``read(index)`` of this process's slices
+    (any layout and dtype; cast to ``dtype``).
 
     Like ``jax.make_array_from_callback`` (no communication), but each distinct slice is read once
     and put on its devices before the next is read, so the host holds one slice at a time (the
@@ -304,7 +323,9 @@ def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding,
         groups.setdefault(k, [idx, []])[1].append(device)
     arrays = {}
     for idx, devices in groups.values():
-        host = np.ascontiguousarray(read(idx))
+        host = read(idx)
+        if not (host.flags.c_contiguous and host.dtype == dtype):
+            host = _contiguous(host, dtype)
         for device in devices:
             arrays[device] = jax.device_put(host, device)
         jax.block_until_ready([arrays[d] for d in devices])  # the copies are done: the host slice can go
@@ -356,7 +377,7 @@ def load_hf(path: str | Path, *, mesh: Mesh | None = None, dtype: str | None = N
             sharding = sharding_leaves.get(key)
             if sharding is None:
                 return jnp.asarray(layout.read(reader.box, ()).astype(pdt))
-            return _place(tuple(leaf.shape), sharding, lambda idx: layout.read(reader.box, idx).astype(pdt))
+            return _place(tuple(leaf.shape), sharding, pdt, lambda idx: layout.read(reader.box, idx))
         finally:
             reader.close()
 
