@@ -19,6 +19,7 @@ and the runtime's share is the plan's ``runtime`` row.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import sys
@@ -47,34 +48,47 @@ class XlaMemory:
                    alias=int(m.alias_size_in_bytes), temp=int(m.temp_size_in_bytes))
 
 
-def rl_batch_spec(rows: int, seq_len: int) -> dict:
-    """``ShapeDtypeStruct``s of an unpacked RL batch (``learner.trajectories_to_batch`` less ``versions``)."""
+def rl_batch_spec(rows: int, seq_len: int, mesh=None) -> dict:
+    """``ShapeDtypeStruct``s of an unpacked RL batch (``learner.trajectories_to_batch`` less ``versions``);
+    with ``mesh`` its rows over ``("data", "fsdp")`` (``model.batch_sharding``)."""
     import jax
     import jax.numpy as jnp
 
+    from rstar2_jax.model import batch_sharding
+
     bt = (rows, seq_len)
-    return {"tokens": jax.ShapeDtypeStruct(bt, jnp.int32), "targets": jax.ShapeDtypeStruct(bt, jnp.int32),
-            "loss_mask": jax.ShapeDtypeStruct(bt, jnp.float32), "old_logp": jax.ShapeDtypeStruct(bt, jnp.float32),
-            "advantages": jax.ShapeDtypeStruct((rows,), jnp.float32)}
+
+    def spec(shape, dtype):
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=None if mesh is None else batch_sharding(mesh, len(shape)))
+    return {"tokens": spec(bt, jnp.int32), "targets": spec(bt, jnp.int32), "loss_mask": spec(bt, jnp.float32),
+            "old_logp": spec(bt, jnp.float32), "advantages": spec((rows,), jnp.float32)}
 
 
-def xla_plan(model_cfg, rl_cfg, *, rows: int, seq_len: int) -> dict[str, XlaMemory]:
-    """Compile the RL step's programs for the default device on abstract params of ``model_cfg``
-    (a ``ModelConfig``) and ``rl_cfg`` (an ``RLConfig``): ``{"update": ..., "logprobs": ...}``."""
+def xla_plan(model_cfg, rl_cfg, *, rows: int, seq_len: int, mesh=None) -> dict[str, XlaMemory]:
+    """Compile the RL step's programs on abstract params of ``model_cfg`` (a ``ModelConfig``) and
+    ``rl_cfg`` (an ``RLConfig``): ``{"update": ..., "logprobs": ...}``, bytes on one device. Without
+    ``mesh`` for the default device; with a ``jax.sharding.Mesh`` (``model.make_mesh``) sharded as the
+    learner shards them (``train_state_shardings``; ``rows`` is then the global batch over data x fsdp)."""
     import jax
     from flax import nnx
 
     from rstar2_jax.model import Qwen3
     from rstar2_jax.rl.checkpoint import abstract_train_state
-    from rstar2_jax.rl.train_step import make_logprob_fn, train_step
+    from rstar2_jax.rl.train_step import make_logprob_fn, train_state_shardings, train_step
 
     graphdef, params = nnx.split(nnx.eval_shape(lambda: Qwen3(model_cfg, rngs=nnx.Rngs(0))))
-    state = abstract_train_state(params, rl_cfg)
-    batch = rl_batch_spec(rows, seq_len)
-    update = jax.jit(functools.partial(train_step, graphdef=graphdef, cfg=rl_cfg), donate_argnums=(0,))
-    out = {"update": XlaMemory.of(update.lower(state, batch).compile())}
+    state = abstract_train_state(params, rl_cfg, mesh)
+    batch = rl_batch_spec(rows, seq_len, mesh)
+    kw = {}
+    if mesh is not None:
+        sh = train_state_shardings(params, rl_cfg, mesh)
+        kw = dict(in_shardings=(sh, None), out_shardings=(sh, None))
+    update = jax.jit(functools.partial(train_step, graphdef=graphdef, cfg=rl_cfg), donate_argnums=(0,), **kw)
     logp = make_logprob_fn(graphdef, rl_cfg).jitted
-    out["logprobs"] = XlaMemory.of(logp.lower(state.params, batch).compile())
+    ctx = contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+    with ctx:
+        out = {"update": XlaMemory.of(update.lower(state, batch).compile())}
+        out["logprobs"] = XlaMemory.of(logp.lower(state.params, batch).compile())
     return out
 
 

@@ -1,13 +1,14 @@
 """The memory plan (``rstar2_jax.plan``): hand-computed arithmetic, presets, the recipe's refusal."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from rstar2_jax.config import ModelConfig
-from rstar2_jax.plan import (DEVICE_MEMORY_ENV, GB, NONE_FACTOR, PRESETS, PlanInput, make_plan, param_counts,
-                             preset)
+from rstar2_jax.plan import (DEVICE_MEMORY_ENV, GB, MARGIN, MEM_FRACTION_ENV, NONE_FACTOR, PASS_FACTOR, PRESETS,
+                             SHIPPED, PlanInput, check_memory_fraction, make_plan, param_counts, preset)
 from rstar2_jax.plan import main as plan_main
 from rstar2_jax.recipe import RecipeConfig
 
@@ -64,9 +65,12 @@ def test_phase_arithmetic_on_a_tiny_config():
     acts = 2 * 32 * (2 * 256 + NONE_FACTOR * 512 * 4) + 49152 + 32768
     assert rl["activations / micro-batch"] == pytest.approx(acts)  # ~525,653
     assert rl["engines' weights"] == 90496 * 4 and rl["engines' K/V pool"] == 2**20
-    assert plan.total("rl") == pytest.approx(723968 + 756736 + 723968 + 592384 + acts + 361984 + 2**20)
+    batch = 2 * 32 * (20 + 4 * 2)  # 2 rows x T 32: 5 int/f32 fields + the sampler's and pi_old's log-probs
+    assert rl["RL batch"] == batch
+    assert rl["reference policy"] == rl["async snapshots"] == rl["weight-sync transient"] == 0
+    assert plan.total("rl") == pytest.approx(723968 + 756736 + 723968 + 592384 + acts + batch + 361984 + 2**20)
     assert make_plan(_tiny_input(initial_copy=False)).phases["rl"]["parameters"] == 90496 * 4
-    assert "sft" not in plan.phases and plan.fits is None
+    assert list(plan.phases) == ["rl", "old_logp", "sync"] and plan.fits is None
 
 
 def test_sharding_divides_the_trainer_and_tp_the_engines():
@@ -88,13 +92,83 @@ def test_largest_micro_batch_and_verdict():
     fixed = sum(v for k, v in make_plan(inp).phases["rl"].items() if k != "activations / micro-batch")
     per_row = (make_plan(_tiny_input(rl_rows=64, rl_micro_rows=2)).phases["rl"]["activations / micro-batch"]
                - make_plan(_tiny_input(rl_rows=64, rl_micro_rows=1)).phases["rl"]["activations / micro-batch"])
-    mem_gb = (fixed + 10.5 * per_row) / GB  # room for 10 rows, not 11
-    plan = make_plan(inp, mem_gb)
+    budget = fixed + 10.5 * per_row  # room for 10 rows, not 11
+    mem_gb = budget / (1 - MARGIN) / 0.8 / GB  # physical, at memory_fraction 0.8, less the 5% margin
+    plan = make_plan(inp, mem_gb, 0.8)
+    assert plan.usable_bytes == int(mem_gb * GB * 0.8) and plan.budget == pytest.approx(budget, rel=1e-6)
     assert plan.fits is False and plan.largest_micro("rl") == 10
-    assert make_plan(_tiny_input(rl_rows=64, rl_micro_rows=10), mem_gb).fits
+    assert make_plan(_tiny_input(rl_rows=64, rl_micro_rows=10), mem_gb, 0.8).fits
+    assert not make_plan(_tiny_input(rl_rows=64, rl_micro_rows=10), mem_gb * 0.96, 0.8).fits  # inside the margin
     assert make_plan(inp, fixed / GB).largest_micro("rl") == 0
     table = plan.table()
     assert "DOES NOT FIT" in table and "largest RL micro-batch that fits: 10 rows (of 64; 10 per device)" in table
+    assert f"device memory {mem_gb:.1f} GB x memory_fraction 0.80 = usable {mem_gb * 0.8:.1f} GB" in table
+    assert "margin" in table and "(needs >= 5%)" in table
+
+
+def test_new_rows_by_hand_on_a_tiny_config():
+    total, per_layer = 90496, 37024
+    base = make_plan(_tiny_input()).phases
+    # pi_old pass (its own phase): stacked layer params 2 x 37024 x 4 B, the V x D table in fp32, per token
+    # 2 x dots (512 elements) x 4 B + the hidden D x 4 B, three fp32 [b, c, V] buffers; no gradients
+    op = base["old_logp"]
+    assert op["pi_old pass / micro-batch"] == pytest.approx(
+        2 * per_layer * 4 + 128 * 64 * 4 + 2 * 32 * (PASS_FACTOR * 512 * 4 + 64 * 4) + 3 * 2 * 16 * 128 * 4)
+    assert op["gradients"] == op["activations / micro-batch"] == op["layer-stack copies"] == 0
+    assert op["parameters"] == base["rl"]["parameters"] and op["engines' weights"] == total * 4
+    # the sampler's pi_old and no KL term: no pass, one log-prob array fewer in the batch
+    sampler = make_plan(_tiny_input(old_logp_recompute=False)).phases
+    assert "old_logp" not in sampler and sampler["rl"]["RL batch"] == 2 * 32 * (20 + 4)
+    # the reference policy (kl_coef > 0): one more param copy in every RL phase, and the pass even with the sampler
+    ref = make_plan(_tiny_input(reference_copy=True, old_logp_recompute=False)).phases
+    assert "old_logp" in ref and "sft" not in ref
+    for phase in ("rl", "old_logp", "sync"):
+        assert ref[phase]["reference policy"] == total * 4
+    assert ref["rl"]["RL batch"] == 2 * 32 * (20 + 4 * 2)
+    # the synchronous loop's weight sync: the staged new copy beside the engines' old one + one V x D leaf
+    sync = base["sync"]
+    assert sync["weight-sync transient"] == total * 4 + 128 * 64 * 4 and sync["async snapshots"] == 0
+    assert sync["gradients"] == sync["activations / micro-batch"] == sync["RL batch"] == 0
+    # async: L snapshots during the update, L + 1 while publishing (+ the trainer-layout copy)
+    for lookahead in (1, 2, 3):
+        a = make_plan(_tiny_input(snapshot_lookahead=lookahead)).phases
+        assert a["rl"]["async snapshots"] == a["old_logp"]["async snapshots"] == lookahead * total * 4
+        assert a["sync"]["async snapshots"] == (lookahead + 1) * total * 4
+        assert a["sync"]["weight-sync transient"] == total * 4 + 128 * 64 * 4
+    # TP engines: every engine copy divides by the TP degree
+    tp = make_plan(_tiny_input(devices=2, devices_per_process=2, mesh=(1, 2, 1), devices_per_engine=2,
+                               snapshot_lookahead=1)).phases
+    assert tp["rl"]["async snapshots"] == total * 4 / 2 and tp["sync"]["weight-sync transient"] == (
+        total * 4 / 2 + 128 * 64 * 4 / 2)
+
+
+def test_from_recipe_reads_the_recipe_fields():
+    import dataclasses
+
+    from rstar2_jax.config import MeshConfig
+    from rstar2_jax.plan import from_recipe
+    from rstar2_jax.rl.config import LossConfig
+
+    cfg = RecipeConfig(mesh=MeshConfig(data=1, fsdp=8, tensor=1), engines=1, devices_per_engine=8,
+                       max_prompt_tokens=2048, max_staleness=2)
+    m = PRESETS["Qwen3-0.6B"]
+    inp = from_recipe(cfg, m, devices=8, devices_per_process=8)
+    assert inp.rl_seq_len == 2048 + 12288 and inp.snapshot_lookahead == 2 and not inp.reference_copy
+    assert inp.old_logp_recompute
+    assert from_recipe(cfg, m, devices=8, devices_per_process=8, prompt_tokens=512).rl_seq_len == 12800
+    # the KL coefficient, read from a loss field if the config has one (the LossConfig or its JSON object)
+    with_loss = type("C", (), {**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)},
+                               "placement": cfg.placement, "loss": LossConfig(kl_coef=0.1)})()
+    assert from_recipe(with_loss, m, devices=8, devices_per_process=8).reference_copy
+    with_loss.loss = {"kl_coef": 0.0}
+    assert not from_recipe(with_loss, m, devices=8, devices_per_process=8).reference_copy
+    # a mesh or engines that do not match the devices: errors naming the numbers
+    with pytest.raises(ValueError, match=r"mesh \(data 1, fsdp 8, tensor 1\) does not match the run's 16 devices "
+                                         r"\(2 processes x 8\).*= 8 != number of devices 16"):
+        from_recipe(cfg, m, devices=16, devices_per_process=8)
+    with pytest.raises(ValueError, match=r"1 engines per process x 8 devices per engine = 8 devices, but a process "
+                                         r"has 4"):
+        from_recipe(cfg, m, devices=8, devices_per_process=4)
 
 
 def _recipe_config(tmp_path, model: ModelConfig, **changes) -> Path:
@@ -105,7 +179,8 @@ def _recipe_config(tmp_path, model: ModelConfig, **changes) -> Path:
     for name in ("sft.jsonl", "rl.jsonl"):
         (tmp_path / name).write_text("")
     raw.update(model_path=str(model_dir), sft_data=str(tmp_path / "sft.jsonl"), rl_data=str(tmp_path / "rl.jsonl"),
-               eval_data=None, mesh={"data": 1, "fsdp": -1, "tensor": 1}, engines=None, **changes)
+               eval_data=None, mesh={"data": 1, "fsdp": -1, "tensor": 1}, engines=None)
+    raw.update(changes)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(raw))
     return path
@@ -114,13 +189,15 @@ def _recipe_config(tmp_path, model: ModelConfig, **changes) -> Path:
 def test_the_recipe_refuses_a_config_that_does_not_fit(tmp_path, monkeypatch):
     # Qwen3-0.6B's shape on the 8 test devices of 16 GB: the shipped config (a 40 GB K/V pool per engine) cannot fit
     path = _recipe_config(tmp_path, PRESETS["Qwen3-0.6B"])
-    monkeypatch.setenv(DEVICE_MEMORY_ENV, "16")
+    monkeypatch.setenv(DEVICE_MEMORY_ENV, "16")  # physical GB; usable = 16 x memory_fraction 0.9 = 14.4
     with pytest.raises(ValueError) as e:
         RecipeConfig.from_json(path)
     msg = str(e.value)
-    assert msg.startswith(f"{path}: the run does not fit the devices' memory (16.0 GB each")
+    assert msg.startswith(f"{path}: the run does not fit the devices' memory (16.0 GB each, usable 14.4 GB at "
+                          "memory_fraction 0.9")
     for row in ("parameters", "gradients", "optimizer state", "activations / micro-batch", "engines' weights",
-                "engines' K/V pool", "DOES NOT FIT", "largest RL micro-batch that fits"):
+                "engines' K/V pool", "pi_old pass / micro-batch", "weight-sync transient", "DOES NOT FIT",
+                "largest RL micro-batch that fits"):
         assert row in msg
     # small enough batches and pool: accepted
     assert RecipeConfig.from_json(path, problems_per_step=8, group=1, samples_per_problem=1, stage2_budget=1024,
@@ -130,11 +207,64 @@ def test_the_recipe_refuses_a_config_that_does_not_fit(tmp_path, monkeypatch):
     assert RecipeConfig.from_json(path)
 
 
-def test_cli_prints_the_table_for_the_14b_config(capsys):
-    rc = plan_main(["--config", str(REPO / "experiments/configs/rstar2_14b.json"), "--device-memory", "192"])
+def test_the_recipe_refuses_a_mesh_that_does_not_match_the_devices(tmp_path, monkeypatch):
+    path = _recipe_config(tmp_path, PRESETS["Qwen3-0.6B"], mesh={"data": 1, "fsdp": 8, "tensor": 8})
+    monkeypatch.setenv(DEVICE_MEMORY_ENV, "192")
+    with pytest.raises(ValueError, match=r"c.json: the mesh \(data 1, fsdp 8, tensor 8\) does not match the run's 8 "
+                                         r"devices \(1 processes x 8\): MeshConfig data\*fsdp\*tensor = 64"):
+        RecipeConfig.from_json(path)
+
+
+def test_memory_fraction_env_must_match_the_config(tmp_path, monkeypatch):
+    monkeypatch.setenv(MEM_FRACTION_ENV, "0.75")
+    with pytest.raises(ValueError, match=rf"{MEM_FRACTION_ENV}=0.75 but the config's memory_fraction is 0.9"):
+        check_memory_fraction(0.9, "gpu")
+    check_memory_fraction(0.9, "cpu")  # XLA ignores it on CPU: no check
+    check_memory_fraction(0.75, "rocm")
+    monkeypatch.setenv(MEM_FRACTION_ENV, "lots")
+    with pytest.raises(ValueError, match="is not a number"):
+        check_memory_fraction(0.75, "gpu")
+    monkeypatch.delenv(MEM_FRACTION_ENV)
+    check_memory_fraction(0.9, "gpu")  # unset: nothing to disagree with
+    # through the recipe: an accelerator backend with the env set to another share
+    import rstar2_jax.plan as plan_mod
+
+    path = _recipe_config(tmp_path, PRESETS["Qwen3-0.6B"])
+    monkeypatch.setattr(plan_mod, "_backend", lambda: "gpu")
+    monkeypatch.setenv(MEM_FRACTION_ENV, "0.5")
+    with pytest.raises(ValueError, match=rf"c.json: {MEM_FRACTION_ENV}=0.5 but the config's memory_fraction is 0.9"):
+        RecipeConfig.from_json(path)
+
+
+@pytest.mark.parametrize("name", sorted(SHIPPED))
+def test_every_shipped_config_fits_its_hardware_with_the_margin(name, capsys):
+    hardware, gb, devices = SHIPPED[name]
+    path = REPO / "experiments/configs" / name
+    raw = json.loads(path.read_text())
+    rc = plan_main(["--config", str(path), "--device-memory", str(gb)])
     out = capsys.readouterr().out
-    assert "14.77 B params" in out and "64 devices (8 processes x 8)" in out and "fsdp 8 x tensor 8" in out
-    assert rc == (0 if "fits (peak" in out else 1)
+    assert rc == 0, out
+    assert f"{devices} devices" in out and ": fits" in out
+    assert f"device memory {gb:.1f} GB x memory_fraction {raw['memory_fraction']:.2f}" in out
+    # the same plan by hand: peak within usable less 5%
+    from rstar2_jax.config import MeshConfig
+    from rstar2_jax.plan import from_recipe
+
+    cfg = RecipeConfig(**{**raw, "model_path": None, "sft_data": None, "rl_data": None, "eval_data": None,
+                          "mesh": MeshConfig(**raw["mesh"])})
+    inp = from_recipe(cfg, dataclasses.replace(preset(raw["model_path"]), dtype=cfg.dtype), devices=devices,
+                      devices_per_process=min(8, devices))
+    plan = make_plan(inp, gb, cfg.memory_fraction)
+    assert plan.fits and plan.peak <= gb * cfg.memory_fraction * GB * (1 - MARGIN) and plan.margin >= MARGIN
+    assert raw["engine_weight_dtype"] == "bfloat16"
+    # the paper's RL batch: 128 problems x 16 kept of 32 sampled
+    assert (cfg.problems_per_step, cfg.group, cfg.samples_per_problem) == (128, 16, 32)
+    # its launch script exports the config's memory fraction (read from the JSON) and preallocation
+    script = path.with_suffix(".sbatch" if devices > 8 else ".sh").read_text()
+    assert f"CONFIG=experiments/configs/{name}" in script and "XLA_PYTHON_CLIENT_PREALLOCATE=true" in script
+    assert 'XLA_PYTHON_CLIENT_MEM_FRACTION="$MEM_FRACTION"' in script and '["memory_fraction"]' in script
+    readme = (REPO / "experiments/configs/README.md").read_text()
+    assert f"| `{name}` |" in readme and f"{plan.peak / GB:.2f}" in readme
 
 
 @pytest.mark.parametrize("scan", [True, False])
@@ -156,3 +286,29 @@ def test_update_rows_match_xla_own_plan_at_real_widths(scan):
     assert 0.85 <= formula / xla["update"].temp <= 1.15, (formula / GB, xla["update"].temp / GB)  # 0.93 / 1.06
     assert xla["update"].alias == xla["update"].argument - 2 * 512 * 4 * 4 - 2 * 4  # the state updated in place
     assert 0 < xla["logprobs"].temp < xla["update"].temp
+
+
+def test_update_row_matches_xla_own_plan_on_a_shipped_mesh():
+    # rstar2_8b_8x80gb.json's trainer mesh (data 1 x fsdp 8 x tensor 1) on the 8 test devices, Qwen3-14B's
+    # widths (D 5120, heads 40/8 x 128, F 17408, V 151936, untied, fp32 params, bf16 compute), 2 layers,
+    # 8 rows (1 per device) of 2048 tokens: the formula's update rows (FSDP gathers included) and its
+    # pi_old pass against XLA's sharded plan (compile only, nothing allocated)
+    import jax
+
+    from rstar2_jax.config import MeshConfig
+    from rstar2_jax.model import make_mesh
+    from rstar2_jax.plan_xla import xla_plan
+    from rstar2_jax.rl import RLConfig
+
+    raw = json.loads((REPO / "experiments/configs/rstar2_8b_8x80gb.json").read_text())
+    assert raw["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1} and jax.device_count() == 8
+    m = dataclasses.replace(PRESETS["Qwen3-14B"], num_layers=2, dtype="bfloat16", max_position_embeddings=4096)
+    inp = _tiny_input(model=m, devices=8, devices_per_process=8, mesh=(1, 8, 1), rl_rows=8, rl_seq_len=2048,
+                      rl_chunk=128, devices_per_engine=8, engine_weight_dtype="bfloat16")
+    plan = make_plan(inp)
+    rl = plan.phases["rl"]
+    formula = rl["gradients"] + rl["layer-stack copies"] + rl["FSDP gathers"] + rl["activations / micro-batch"]
+    xla = xla_plan(m, RLConfig(logprob_chunk_size=128), rows=8, seq_len=2048, mesh=make_mesh(MeshConfig(**raw["mesh"])))
+    assert 0.85 <= formula / xla["update"].temp <= 1.15, (formula / GB, xla["update"].temp / GB)  # 15.2 / 14.1
+    pass_ = plan.phases["old_logp"]["pi_old pass / micro-batch"]
+    assert 0.85 <= pass_ / xla["logprobs"].temp <= 1.3, (pass_ / GB, xla["logprobs"].temp / GB)
