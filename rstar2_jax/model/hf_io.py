@@ -245,6 +245,23 @@ def _host_empty(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     return np.frombuffer(mmap.mmap(-1, nbytes), dtype).reshape(shape)
 
 
+class _Scratch:
+    """Reusable host buffers of one load (grown when needed, freed with the load), so reading does not
+    fault fresh pages in for every slice: only for buffers that never reach ``device_put`` (XLA:CPU
+    may alias an aligned numpy array instead of copying it, even with ``may_alias=False``)."""
+
+    def __init__(self) -> None:
+        self.bufs: dict[str, np.ndarray] = {}
+
+    def array(self, slot: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if slot not in self.bufs or self.bufs[slot].size < nbytes:
+            self.bufs.pop(slot, None)
+            self.bufs[slot] = _host_empty((max(nbytes, 1),), np.uint8)
+        return self.bufs[slot][:nbytes].view(dtype).reshape(shape)
+
+
 class _TensorReader:
     """Positioned reads of boxes of one tensor (an open file; no mmap, so nothing stays resident)."""
 
@@ -269,9 +286,11 @@ class _TensorReader:
                 raise CheckpointError(f"{self.info.file}: short read at byte {offset + pos}")
             pos += got
 
-    def box(self, box: tuple[slice, ...]) -> np.ndarray:
+    def box(self, box: tuple[slice, ...], scratch: _Scratch | None = None) -> np.ndarray:
         """``tensor[box]`` (contiguous slices, one per dim): whole rows of dim 0 read in runs of about
-        ``READ_CHUNK_BYTES``, the other dims sliced from each run (read directly when full)."""
+        ``READ_CHUNK_BYTES`` (into ``scratch``'s ``"chunk"`` buffer when given), the other dims sliced
+        from each run (read directly when full). The result is a fresh array (it may become a device
+        buffer)."""
         shape = self.info.shape
         if not shape:
             out = np.empty((), self.dtype)
@@ -289,7 +308,8 @@ class _TensorReader:
             self._read_into(out, self.info.begin + r0 * row_bytes)
             return out
         step = max(1, READ_CHUNK_BYTES // max(row_bytes, 1))
-        buf = _host_empty((min(step, r1 - r0), *shape[1:]), self.dtype)
+        chunk = (min(step, r1 - r0), *shape[1:])
+        buf = _host_empty(chunk, self.dtype) if scratch is None else scratch.array("chunk", chunk, self.dtype)
         sel = (slice(None),) + tuple(slice(a, b) for a, b in rest_idx)
         for r in range(r0, r1, step):
             m = min(step, r1 - r)
@@ -301,20 +321,13 @@ class _TensorReader:
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _contiguous(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``x`` cast to ``dtype``, C-contiguous (one copy: the layout transpose and the cast together)."""
-    out = _host_empty(x.shape, dtype)
-    np.copyto(out, x, casting="unsafe")
-    return out
-
-
 def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding, dtype: np.dtype,
            read: Callable[[tuple[slice, ...]], np.ndarray]) -> jax.Array:
     """A global array of ``shape`` with ``sharding`` from ``read(index)`` of this process's slices
-    (any layout and dtype; cast to ``dtype``).
+    (fresh arrays in any layout and dtype; cast to ``dtype``).
 
     Like ``jax.make_array_from_callback`` (no communication), but each distinct slice is read once
-    and put on its devices before the next is read, so the host holds one slice at a time (the
+    and copied to its devices before the next is read, so the host holds one slice at a time (the
     callback form holds every local slice on the host until it has put them all)."""
     index_map = sharding.addressable_devices_indices_map(shape)
     groups: dict[tuple, list] = {}
@@ -324,11 +337,12 @@ def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding, dtype: np.dt
     arrays = {}
     for idx, devices in groups.values():
         host = read(idx)
-        if not (host.flags.c_contiguous and host.dtype == dtype):
-            host = _contiguous(host, dtype)
-        for device in devices:
+        if not (host.flags.c_contiguous and host.dtype == dtype):  # one copy: layout transpose and cast
+            np.copyto(out := _host_empty(host.shape, dtype), host, casting="unsafe")
+            host = out
+        for device in devices:  # a copy, or on CPU possibly the host buffer itself
             arrays[device] = jax.device_put(host, device)
-        jax.block_until_ready([arrays[d] for d in devices])  # the copies are done: the host slice can go
+        jax.block_until_ready([arrays[d] for d in devices])  # copied (if at all): the next slice may come
         del host
     return jax.make_array_from_single_device_arrays(
         shape, sharding, [arrays[d] for d in index_map])
@@ -368,6 +382,7 @@ def load_hf(path: str | Path, *, mesh: Mesh | None = None, dtype: str | None = N
         if layout.shape != tuple(leaf.shape):
             raise AssertionError(f"layout of {hf_name} gives {layout.shape}, the model has {tuple(leaf.shape)}")
     pdt = np.dtype(jnp.dtype(cfg.param_dtype))
+    scratch = _Scratch()
 
     def load_one(p, leaf):
         key = _path_key(p)
@@ -377,7 +392,8 @@ def load_hf(path: str | Path, *, mesh: Mesh | None = None, dtype: str | None = N
             sharding = sharding_leaves.get(key)
             if sharding is None:
                 return jnp.asarray(layout.read(reader.box, ()).astype(pdt))
-            return _place(tuple(leaf.shape), sharding, pdt, lambda idx: layout.read(reader.box, idx))
+            return _place(tuple(leaf.shape), sharding, pdt,
+                          lambda idx: layout.read(lambda box: reader.box(box, scratch), idx))
         finally:
             reader.close()
 
