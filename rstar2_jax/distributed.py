@@ -173,8 +173,8 @@ def global_params(params: nnx.State, mesh: Mesh) -> nnx.State:
     axes on ``mesh`` (``model.param_shardings``); one process: the same as ``model.shard_params``.
 
     Each process reads its own shards from its full host copy: fine for the tiny and mid-size
-    policies here; at 14B load each process's slices directly from the safetensors shards instead.
-    """
+    policies here. An HF checkpoint is loaded without a full host copy by ``model.hf_io.load_hf``
+    (each process reads only its devices' slices from the safetensors files)."""
     shardings = param_shardings(params, mesh)
     return jax.tree.map(lambda v, s: v.replace(put_global(v.get_value(), s.get_value())), params, shardings,
                         is_leaf=lambda x: isinstance(x, nnx.Variable))

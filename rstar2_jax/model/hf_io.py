@@ -1,15 +1,16 @@
 """Hugging Face checkpoints: load ``config.json`` + safetensors into the NNX policy, and export back.
 
-Both directions hold one tensor's local slices on the host at a time, in one process or many.
+Both directions hold at most one tensor's local slices on the host at a time, in one process or many.
 
 Loading (:func:`load_hf`) builds the model abstractly (``nnx.eval_shape``), checks every tensor's
 name and shape against the safetensors headers before reading anything, then builds each parameter
-from its devices' pieces (as ``jax.make_array_from_callback``): each process reads, for each distinct
-slice its devices hold, only the rows of that slice (positioned reads of whole rows, a few MiB at a time; no mmap, so nothing
-of the file stays resident), converts the slice to our layout and casts it to ``param_dtype``.
-There is no cross-process collective: a process's host memory is one tensor's local slices, and
-what stays after the load is its own devices' shards (half of an fsdp-sharded model on 2 processes).
-Files are read by their header (``safetensors`` format), so F32/F16/BF16/F8 all work.
+from its devices' pieces (as ``jax.make_array_from_callback`` would, without its host copy of every
+local slice): for each distinct slice its devices hold, a process reads only the rows of that slice
+(positioned reads of a few MiB; no mmap, so no page of the file stays resident), converts it to our
+layout and casts it to ``param_dtype`` in one copy, and puts it on its devices before reading the
+next. There is no cross-process collective; what stays is each process's own devices' shards (half
+of an fsdp-sharded model on 2 processes). Files are parsed by their header (the safetensors format),
+so F32/F16/BF16/F8 files need nothing of ``safetensors``' numpy or flax readers.
 
 Exporting (:func:`export_hf`) computes every file's header from the params' shapes and dtypes, so
 process 0 writes the headers and sizes the files up front; then every process writes the device
@@ -321,6 +322,15 @@ class _TensorReader:
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
+def _cast(host: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``host`` as a C-contiguous ``dtype`` array: itself, or one copy (layout transpose and cast)."""
+    if host.flags.c_contiguous and host.dtype == dtype:
+        return host
+    out = _host_empty(host.shape, dtype)
+    np.copyto(out, host, casting="unsafe")
+    return out
+
+
 def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding, dtype: np.dtype,
            read: Callable[[tuple[slice, ...]], np.ndarray]) -> jax.Array:
     """A global array of ``shape`` with ``sharding`` from ``read(index)`` of this process's slices
@@ -336,10 +346,7 @@ def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding, dtype: np.dt
         groups.setdefault(k, [idx, []])[1].append(device)
     arrays = {}
     for idx, devices in groups.values():
-        host = read(idx)
-        if not (host.flags.c_contiguous and host.dtype == dtype):  # one copy: layout transpose and cast
-            np.copyto(out := _host_empty(host.shape, dtype), host, casting="unsafe")
-            host = out
+        host = _cast(read(idx), dtype)
         for device in devices:  # a copy, or on CPU possibly the host buffer itself
             arrays[device] = jax.device_put(host, device)
         jax.block_until_ready([arrays[d] for d in devices])  # copied (if at all): the next slice may come
@@ -391,7 +398,7 @@ def load_hf(path: str | Path, *, mesh: Mesh | None = None, dtype: str | None = N
         try:
             sharding = sharding_leaves.get(key)
             if sharding is None:
-                return jnp.asarray(layout.read(reader.box, ()).astype(pdt))
+                return jnp.asarray(_cast(layout.read(lambda box: reader.box(box, scratch), ()), pdt))
             return _place(tuple(leaf.shape), sharding, pdt,
                           lambda idx: layout.read(lambda box: reader.box(box, scratch), idx))
         finally:

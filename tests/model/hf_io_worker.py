@@ -8,7 +8,7 @@ The same script is the 1-process reference (8 devices, no layout env) and each p
 reset the peak (``/proc/self/clear_refs``), ``load_hf``, record VmHWM - VmRSS before and seconds;
 then compare each addressable shard with the tensor read whole by ``safetensors`` (an independent
 reader) in our layout. With ``export``, the params of the last load are written back with
-``export_hf`` to ``OUT_DIR/export`` (all processes). Each process writes ``OUT_DIR/proc{i}.json``.
+``export_hf`` to ``OUT_DIR/export`` (all processes; its extra peak RSS recorded). Each process writes ``OUT_DIR/proc{i}.json``.
 """
 
 import os
@@ -74,7 +74,12 @@ def main(out_dir: str, ckpt: str, *flags: str) -> None:
             "specs": {"/".join(map(str, _path_key(p))): str(x.sharding.spec) for p, x in leaves},
             "cross_process": any(not x.is_fully_addressable for _, x in leaves)}
     if "export" in flags:
+        gc.collect()
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        before = rss_gb("VmRSS")
         export_hf(os.path.join(out_dir, "export"), graphdef, params, cfg)
+        result["export_extra_peak_bytes"] = int((rss_gb("VmHWM") - before) * 2**30)
     with open(os.path.join(out_dir, f"proc{jax.process_index()}.json"), "w") as f:
         json.dump(result, f)
     distributed.sync("hf_io_worker_done")  # nobody exits while another still needs a collective

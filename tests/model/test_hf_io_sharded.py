@@ -126,6 +126,20 @@ def test_export_from_sharded_arrays_equals_the_host_export(tmp_path):
     leaves_equal(load_hf(tmp_path / "mesh")[1], params)
 
 
+def test_export_loads_in_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    cfg = ModelConfig.tiny(num_layers=2)
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(2)))
+    export_hf(tmp_path, graphdef, shard_params(params, make_mesh(MeshConfig(data=1, fsdp=4, tensor=2))), cfg)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, torch_dtype=torch.float32)
+    state = {k: v.detach().numpy() for k, v in model.state_dict().items()}
+    names = hf_io._name_map(cfg)
+    for p, x in jax.tree_util.tree_leaves_with_path(params):
+        hf_name, layout = names[hf_io._var_path(hf_io._path_key(p))]
+        np.testing.assert_array_equal(state[hf_name], layout.to_hf(np.asarray(x)), err_msg=hf_name)
+
+
 def test_errors_are_raised_before_any_tensor_is_read(tmp_path, monkeypatch):
     cfg = ModelConfig.tiny(num_layers=2)
     graphdef, params = host_params(cfg)
@@ -197,6 +211,8 @@ def test_two_processes_load_only_their_slices(big_ckpt, tmp_path):
                   f"({m['extra_peak_bytes'] / ckpt_bytes:.2f} x checkpoint), {m['seconds']:.1f} s; "
                   f"1 x 8: {ref['meshes'][mesh]['extra_peak_bytes'] / 2**20:.0f} MiB, {ref['meshes'][mesh]['seconds']:.1f} s")
             assert m["extra_peak_bytes"] <= bound, (mesh, m["extra_peak_bytes"], bound)
+        print(f"process {i} export: extra peak {got['export_extra_peak_bytes'] / 2**20:.0f} MiB")
+        assert got["export_extra_peak_bytes"] <= sum(largest)  # about one tensor's slices at a time
     for name in ("config.json", "model.safetensors"):
         assert filecmp.cmp(big_ckpt / name, two / "export" / name, shallow=False), name
     assert math.isclose(sum(largest), 2 * BIG.vocab_size * BIG.hidden_size * 4)
