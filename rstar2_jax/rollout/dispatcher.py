@@ -23,6 +23,16 @@ model and adaptive ratio persist across ``run`` calls: admission starts from wha
 now, not from the pessimistic prior, and it remembers each problem's final lengths (the
 long-first order). Unless it migrates, a trajectory stays on its engine across turns; its forecast
 is dropped when it finishes, aborts or errors.
+
+Versions: each token carries the version of the weights that sampled it, as its engine's worker
+reports it (``EngineWorker``: the worker applies ``SwapParams`` and acknowledges with ``Swapped``).
+``policy_version`` is the version every engine has acknowledged, never a push not yet applied.
+
+Failures are loud: model output is data (a malformed tool call, a failing tool: a tool error and no
+reward), code failures are not. A failing ``engine.step()`` fails the batch (``Crashed``); so does a
+refused command, with the worker's original traceback in the message, unless it is one of the
+``EXPECTED_REFUSALS`` or ``RolloutConfig.max_errored`` still allows the trajectories it errors
+(counted in ``errored_trajectories`` and warned with the traceback).
 """
 
 from __future__ import annotations
@@ -30,6 +40,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import warnings
 from collections import Counter, deque
 from typing import Any, Mapping, Sequence
 
@@ -37,7 +48,8 @@ import numpy as np
 
 from rstar2_jax.admission import AdmissionLedger, EngineShape, admit
 from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, ImportSeq, MoveOut, PushWeights, Refused,
-                                         Release, Resume, Stepped, StopWorker, SubmitGroup, SwapParams, ToolDone)
+                                         Release, Resume, Stepped, StopWorker, SubmitGroup, SwapParams, Swapped,
+                                         ToolDone)
 from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.state import Batch, Group, RolloutConfig, RolloutResult
 from rstar2_jax.rollout.template import ToolCall, ToolCallError, render_prompt
@@ -48,9 +60,31 @@ from rstar2_jax.sampling.interface import Configured, Engine
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxBackend
 from rstar2_jax.tokenizer import Tokenizer
 
-__all__ = ["ADMIT_EVERY", "Dispatcher", "RolloutConfig", "RolloutResult"]
+__all__ = ["ADMIT_EVERY", "EXPECTED_REFUSALS", "Dispatcher", "RolloutConfig", "RolloutResult", "is_expected_refusal"]
 
 ADMIT_EVERY = 16  # engine steps between retries of a waiting group (a page of tokens per row)
+
+EXPECTED_REFUSALS: dict[str, str] = {
+    # command -> the refusal the dispatcher handles (counted in ``expected_refusals``), and why it is legitimate
+    "Release": "the engine no longer holds the sequence (ValueError/KeyError 'unknown sequence'): it already "
+               "finished and was released; releasing is idempotent, nothing is lost or leaked",
+}
+"""The refusals that are not failures. Every other refused command fails the batch (or, within
+``RolloutConfig.max_errored``, errors its trajectories, warned and counted). Why the others are not
+expected: engines have no capacity refusals (``submit_group``/``resume``/``import_seq`` queue what does
+not fit now and the admission waits for room, ``admission.admit``); what they refuse is a request that
+can never run (longer than ``max_seq_len`` or than the KV pool, bad token ids), and ``_build`` already
+finishes a problem whose prompt plus budget cannot fit as an errored trajectory (data), before any
+submit. So a refused submit, resume, import or move-out is a bug or a broken engine. Not refusals
+either: a failed K/V export of a ``MoveOut`` (the worker answers ``Exported(export=None)``; the
+context is prefilled again, counted in ``kv_export_errors``), and sandbox failures (tool errors).
+A refused ``SwapParams`` always fails (the engine cannot take weights in flight)."""
+
+
+def is_expected_refusal(msg: Refused) -> bool:
+    """Whether ``msg`` is one of the ``EXPECTED_REFUSALS``."""
+    return (isinstance(msg.command, Release) and msg.exc_type in ("ValueError", "KeyError")
+            and "unknown sequence" in msg.error)
 
 
 def _shape(engine: Engine) -> EngineShape:
@@ -77,7 +111,9 @@ class Dispatcher:
         if not engines:
             raise ValueError("Dispatcher needs at least one engine")
         self.engines, self.pool, self.tok, self.cfg = list(engines), pool, tokenizer, cfg
-        self.policy_version = 0  # version of the engines' weights (``Rollout.sync``): stamped on each sampled token
+        # version of the weights every engine holds (``Rollout.sync``; in a batch, the versions the workers
+        # acknowledged, ``Swapped``); the tokens' versions are the workers' own (``EngineWorker``)
+        self.policy_version = 0
         self._push_lock = threading.Lock()  # in-flight updates (``push``): whether a batch runs, what waits
         self._running, self._pending_push = False, None
         self.ledger = AdmissionLedger(cfg.admission, cfg.budget, [_shape(e) for e in engines], lengths, history)
@@ -119,6 +155,7 @@ class Dispatcher:
             for e, p in zip(self.engines, push.params):
                 e.swap_params(p)
             self.policy_version = push.version
+        self.b.held = [self.policy_version] * len(self.engines)
         self.workers = [EngineWorker(i, e, self.b.out, t0, self.policy_version) for i, e in enumerate(self.engines)]
         for w in self.workers:
             w.start()
@@ -146,6 +183,8 @@ class Dispatcher:
                         break
                     if isinstance(msg, PushWeights):
                         self._pending_push = msg
+                    elif isinstance(msg, Swapped):  # applied before its worker stopped
+                        self._on_swapped(msg)
         metrics = self._metrics(trajs, time.perf_counter() - t0, preempt0)
         metrics["unshared_children"] = sum(e.stats().unshared_children - s.unshared_children
                                            for e, s in zip(self.engines, start))  # forks that found no room
@@ -156,6 +195,7 @@ class Dispatcher:
         """The batch's trajectories (into ``self.b``); problems that cannot run finish as errors right away."""
         trajs, budget = self.b.trajs, self.b.budget
         max_len = min(e.max_seq_len for e in self.engines)
+        max_kv = min(e.usable_pages * e.page_size for e in self.engines)  # positions an engine's pool holds
         for gi, p in enumerate(problems, start=first_group):
             text = str(p.problem or "")
             prompt = self.tok.encode(render_prompt(text, self.cfg.template))
@@ -170,6 +210,8 @@ class Dispatcher:
                 err = "empty problem"
             elif len(prompt) + budget > max_len:
                 err = f"prompt ({len(prompt)} tokens) + budget ({budget}) exceeds max_seq_len ({max_len})"
+            elif len(prompt) + budget > max_kv:
+                err = f"prompt ({len(prompt)} tokens) + budget ({budget}) exceeds an engine's KV pool ({max_kv} tokens)"
             else:
                 err = None
             if err:
@@ -234,13 +276,15 @@ class Dispatcher:
             if msg.preemptions > self.b.preempt[e]:
                 self.ledger.on_preemptions(msg.preemptions - self.b.preempt[e])
                 self.b.preempt[e] = msg.preemptions
-            for i, ev in enumerate(msg.events):
-                self._on_stop(e, ev, None if msg.versions is None else msg.versions[i])
+            for i, ev in enumerate(msg.events):  # without per-token versions: the worker's held version
+                self._on_stop(e, ev, msg.version if msg.versions is None else msg.versions[i])
             return
-        if isinstance(msg, PushWeights):
+        if isinstance(msg, PushWeights):  # policy_version moves when the workers acknowledge (Swapped)
             for w, p in zip(self.workers, msg.params):
                 w.commands.put(SwapParams(p, msg.version))
-            self.policy_version = msg.version
+            return
+        if isinstance(msg, Swapped):
+            self._on_swapped(msg)
             return
         self.b.admit_due = True  # a tool answered, a group was admitted, a command was refused
         if isinstance(msg, Admitted):
@@ -254,29 +298,49 @@ class Dispatcher:
                 result = CodeResult.sandbox_error(f"{type(ex).__name__}: {ex}")
             self._on_tool(self.b.by_uid[msg.uid], result, time.perf_counter() - msg.t0)
         elif isinstance(msg, Crashed):  # the engine's state is undefined now: fail the whole batch loudly
-            raise RuntimeError(f"engine {msg.engine} crashed: {type(msg.exc).__name__}: {msg.exc}") from msg.exc
+            raise RuntimeError(f"engine {msg.engine} crashed: {type(msg.exc).__name__}: {msg.exc}\n\n"
+                               f"Original traceback (engine worker thread):\n{msg.traceback}") from msg.exc
         elif isinstance(msg, Exported):
             self._moved_out(msg)
         elif isinstance(msg, Refused):
             self._on_refused(msg)
 
+    def _on_swapped(self, msg: Swapped) -> None:
+        """Engine ``msg.engine`` holds ``msg.version``'s weights now; ``policy_version``: what all hold."""
+        self.b.held[msg.engine] = max(self.b.held[msg.engine], msg.version)
+        self.policy_version = max(self.policy_version, min(self.b.held))
+
     def _on_refused(self, msg: Refused) -> None:
+        """An expected refusal (``EXPECTED_REFUSALS``) is counted; any other fails the batch with the
+        worker's traceback, unless ``cfg.max_errored`` still allows erroring its trajectories."""
         cmd, e = msg.command, msg.engine
-        if isinstance(cmd, Release):
-            return  # the trajectory is already done; nothing to fail
+        if is_expected_refusal(msg):
+            self.b.expected_refusals[type(cmd).__name__] += 1
+            return
+        what = f"engine {e} refused {type(cmd).__name__}: {msg.error}"
+        tb = f"\n\nOriginal traceback (engine worker thread):\n{msg.traceback}"
         if isinstance(cmd, SwapParams):
-            raise RuntimeError(f"engine {e} cannot take weights in flight: {msg.error}")
+            raise RuntimeError(f"engine {e} cannot take weights in flight: {msg.error}{tb}")
+        if isinstance(cmd, Release):  # the trajectory is done: nothing to error, but the engine's state is in doubt
+            raise RuntimeError(what + tb)
         trajs = cmd.group.trajs if isinstance(cmd, (SubmitGroup, MoveOut, ImportSeq)) else \
             [self.b.by_seq.get((e, cmd.seq_id))]
+        trajs = [t for t in trajs if t is not None and t.status is not Status.DONE]
+        if self.b.errored + len(trajs) > self.cfg.max_errored:
+            raise RuntimeError(f"{what} ({self.b.errored} + {len(trajs)} errored trajectories > "
+                               f"RolloutConfig.max_errored={self.cfg.max_errored}){tb}")
+        self.b.errored += len(trajs)
+        warnings.warn(f"{what}: {len(trajs)} trajectories errored ({self.b.errored} of max_errored="
+                      f"{self.cfg.max_errored} in this batch){tb}", RuntimeWarning, stacklevel=2)
         for t in trajs:
-            if t is not None and t.status is not Status.DONE:
-                t.finish("error", msg.error)
-                self._finish(t, self.b.seq_of.get(t.uid, (e, None))[1] if isinstance(cmd, Resume) else None)
+            t.finish("error", msg.error)
+            self._finish(t, self.b.seq_of.get(t.uid, (e, None))[1] if isinstance(cmd, Resume) else None)
 
-    def _on_stop(self, e: int, ev: StopEvent, versions: Sequence[int] | None = None) -> None:
+    def _on_stop(self, e: int, ev: StopEvent, versions: int | Sequence[int]) -> None:
+        """``versions``: the version of each of ``ev``'s tokens (one int: all of them), as its worker reports."""
         t = self.b.by_seq[(e, ev.seq_id)]
         t.on_generated(ev.tokens, ev.logprobs, ev.reason in ("max_new_tokens", "max_seq_len"),
-                       self.tok, self.cfg.template, version=self.policy_version if versions is None else versions)
+                       self.tok, self.cfg.template, version=versions)
         if t.status is Status.DONE:
             self._finish(t, ev.seq_id)
             return
@@ -371,6 +435,8 @@ class Dispatcher:
             "migrations": self.b.migrations, "migrated_tokens": self.b.migrated_tokens,  # contexts prefilled again
             "kv_moved_tokens": self.b.kv_moved,  # cached positions that moved with their K/V (not recomputed)
             "kv_export_errors": dict(self.b.export_errors),  # why an export failed -> count (normally empty)
+            "errored_trajectories": self.b.errored,  # errored by failing commands (RolloutConfig.max_errored)
+            "expected_refusals": dict(self.b.expected_refusals),  # EXPECTED_REFUSALS handled, by command
             "policy": self.cfg.admission.policy.value, "step_s": self.ledger.measured_step_s(),
             "makespan_s": makespan, "output_tokens": sampled, "tokens_per_s": sampled / max(makespan, 1e-9),
             "preemptions": int(sum(self.b.preempt) - sum(preempt0)),

@@ -4,7 +4,7 @@ Commands go to one engine's worker (``EngineWorker.commands``); events come back
 dispatcher's single queue, in the order they happened on that engine::
 
     dispatcher --SubmitGroup/Resume/Release/MoveOut/ImportSeq/StopWorker--> worker(e)
-    worker(e)  --Admitted/Stepped/Exported/Refused/Crashed--------------> dispatcher
+    worker(e)  --Admitted/Stepped/Swapped/Exported/Refused/Crashed------> dispatcher
 
 A migration with its K/V: ``MoveOut`` to the engine it leaves (export, release), ``Exported`` back,
 ``ImportSeq`` to the engine it joins, ``Admitted`` back.
@@ -101,8 +101,19 @@ class Stepped:
     preemptions: int
     step_s: float = 0.0
     steps: int = 1
-    # per event, the policy version of each of its tokens; None: no in-flight update yet (one version)
+    # per event, the policy version of each of its tokens; None: this worker has not swapped weights in
+    # this batch, every token is ``version``'s
     versions: tuple[tuple[int, ...], ...] | None = None
+    version: int = 0  # the version of the weights the worker holds (the ones this step sampled with)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Swapped:
+    """Engine ``engine`` applied ``SwapParams``: from its next step it samples with ``version``'s
+    weights (the acknowledgement the dispatcher's ``policy_version`` follows, not the push)."""
+
+    engine: int
+    version: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -118,11 +129,15 @@ class Exported:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Refused:
-    """The engine raised on a command: the trajectories concerned fail, not the batch."""
+    """The engine raised on a command. ``error``: ``"Type: message"``; ``traceback``: the original
+    traceback, formatted in the worker thread (``traceback.format_exception``). The dispatcher fails the
+    step unless it is an expected refusal (``dispatcher.EXPECTED_REFUSALS``) or ``max_errored`` allows it."""
 
     engine: int
     command: Command
     error: str
+    traceback: str = ""
+    exc_type: str = ""  # the exception's class name
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -131,6 +146,7 @@ class Crashed:
 
     engine: int
     exc: BaseException
+    traceback: str = ""  # formatted in the worker thread
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -150,4 +166,4 @@ class PushWeights:
     version: int
 
 
-Event = Admitted | Stepped | Exported | Refused | Crashed | ToolDone | PushWeights
+Event = Admitted | Stepped | Swapped | Exported | Refused | Crashed | ToolDone | PushWeights

@@ -69,7 +69,8 @@ class Rollout:
 
     @property
     def version(self) -> int:
-        """The policy version of the engines' weights, stamped on every token they sample (0 before any sync)."""
+        """The policy version of the weights every engine holds (0 before any sync): after ``push`` it moves
+        only once every engine acknowledged the swap (tokens carry the version of their own engine's weights)."""
         return self.dispatcher.policy_version
 
     def place(self, params: Any) -> list[Any]:

@@ -28,8 +28,15 @@ class RolloutConfig:
     template: TemplateConfig = TemplateConfig()
     tool_timeout_s: float | None = None  # None: the pool's limits
     admission: AdmissionConfig = AdmissionConfig()  # which engine a group goes to, and when
+    # trajectories a failing engine command (submit, resume, import, move-out) may error in one batch
+    # before the batch fails; each is counted (``errored_trajectories``) and warned with its traceback.
+    # 0: the first failing command fails the step (a code failure is not data). Expected refusals
+    # (``dispatcher.EXPECTED_REFUSALS``) never count.
+    max_errored: int = 0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_errored, int) or self.max_errored < 0:
+            raise ValueError(f"RolloutConfig.max_errored must be an int >= 0, got {self.max_errored!r}")
         if self.n_samples < 1:
             raise ValueError(f"RolloutConfig.n_samples must be >= 1, got {self.n_samples}")
         if self.budget < 1:
@@ -95,6 +102,9 @@ class Batch:
     migrated_tokens: int = 0  # contexts prefilled again after a migration
     kv_moved: int = 0  # cached positions that moved with their K/V
     export_errors: Counter[str] = dataclasses.field(default_factory=Counter)  # failed MoveOut exports, by reason
+    held: list[int] = dataclasses.field(default_factory=list)  # per engine: the weights' version it acknowledged
+    errored: int = 0  # trajectories errored by a failing command (``RolloutConfig.max_errored``)
+    expected_refusals: Counter[str] = dataclasses.field(default_factory=Counter)  # command name -> count
     admit_due: bool = True  # an event may have made room: try the pending groups again
     out: queue.Queue = dataclasses.field(default_factory=queue.Queue)  # workers' and tools' events
 

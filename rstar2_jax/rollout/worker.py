@@ -11,14 +11,28 @@ from __future__ import annotations
 import queue
 import threading
 import time
+import traceback
 
 from rstar2_jax.rollout.messages import (Admitted, Command, Crashed, Event, Exported, ImportSeq, MoveOut, Refused,
-                                         Release, Resume, Stepped, StopWorker, SubmitGroup, SwapParams)
+                                         Release, Resume, Stepped, StopWorker, SubmitGroup, SwapParams, Swapped)
 from rstar2_jax.sampling.interface import Engine, MovesKV
 
 
+def format_exc(e: BaseException) -> str:
+    """``e``'s traceback as text (formatted in the thread that caught it: the frames are its own)."""
+    return "".join(traceback.format_exception(type(e), e, e.__traceback__))
+
+
 class EngineWorker(threading.Thread):
-    """Owns engine ``idx`` for one batch. All pending commands are applied before each step."""
+    """Owns engine ``idx`` for one batch. All pending commands are applied before each step.
+
+    Versions: ``version`` is the version of the weights this engine holds, which only this thread
+    changes (``SwapParams``, answered by ``Swapped`` once applied). Each ``Stepped`` carries it, and,
+    once the worker swapped in this batch, each stop event's per-token versions (``marks``): a token
+    is always labelled with the weights that sampled it, whatever the dispatcher was told since.
+    A failing command is reported with its formatted traceback (``Refused``), a failing step as
+    ``Crashed``.
+    """
 
     def __init__(self, idx: int, engine: Engine, out: "queue.Queue[Event]", t0: float, version: int = 0):
         super().__init__(daemon=True, name=f"engine-{idx}")
@@ -35,7 +49,7 @@ class EngineWorker(threading.Thread):
         try:
             self._loop()
         except BaseException as e:  # noqa: BLE001 - a dead worker must not leave the dispatcher waiting
-            self.out.put(Crashed(self.idx, e))
+            self.out.put(Crashed(self.idx, e, format_exc(e)))
 
     def _loop(self) -> None:
         steps = self.engine.stats().steps
@@ -61,7 +75,8 @@ class EngineWorker(threading.Thread):
         self.timeline.append((time.perf_counter() - self.t0, st.kv_pages_in_use))
         # model steps it ran (1 if the engine does not count them)
         versions = tuple(self._versions(ev) for ev in events) if self.swapped else None
-        self.out.put(Stepped(self.idx, tuple(events), st.preemptions, dt, max(st.steps - steps, 1), versions))
+        self.out.put(Stepped(self.idx, tuple(events), st.preemptions, dt, max(st.steps - steps, 1), versions,
+                             self.version))
         return st.steps
 
     def _apply(self, cmd: Command) -> None:
@@ -85,8 +100,8 @@ class EngineWorker(threading.Thread):
                 sid = self.engine.import_seq(cmd.export, cmd.tokens, max_new_tokens=cmd.max_new_tokens)
                 self.marks[sid] = [(0, self.version)]
                 self.out.put(Admitted(self.idx, cmd.group, (sid,)))
-        except Exception as e:  # an engine refusal fails those trajectories, not the batch
-            self.out.put(Refused(self.idx, cmd, f"{type(e).__name__}: {e}"))
+        except Exception as e:  # noqa: BLE001 - the dispatcher decides (``dispatcher.EXPECTED_REFUSALS``)
+            self.out.put(Refused(self.idx, cmd, f"{type(e).__name__}: {e}", format_exc(e), type(e).__name__))
 
     def _swap(self, cmd: SwapParams) -> None:
         """New weights between two steps; each live sequence's next token is the new version's."""
@@ -94,6 +109,7 @@ class EngineWorker(threading.Thread):
         for s, marks in self.marks.items():
             marks.append((len(self.engine.tokens(s)), cmd.version))
         self.version, self.swapped = cmd.version, True
+        self.out.put(Swapped(self.idx, cmd.version))  # the ack: the dispatcher's policy_version follows these
 
     def _versions(self, ev) -> tuple[int, ...]:
         """The version of each token of ``ev`` (its segment ends at the sequence's last token)."""
