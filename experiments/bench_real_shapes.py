@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         phase_peaks: dict[str, float] = {}
         resets = [_reset_peak()]
 
-        def make_rollout():
+        def make_rollout(params):
             phase_peaks["sft"] = rss_gb("VmHWM")  # SFT's peak (the driver builds the rollout right after)
             print(f"SFT phase: peak RSS {phase_peaks['sft']:.2f} GB", flush=True)
             resets.append(_reset_peak())

@@ -215,7 +215,7 @@ def main(argv: list[str] | None = None) -> dict:
         max_prompt = min(longest + 64, cfg.max_prompt_tokens)
         seq_len = max_prompt + max(cfg.stage2_budget, cfg.eval_budget or 0)
 
-        def make_rollout():
+        def make_rollout(params):
             ecfg = cfg.engine_config(seq_len)
             placement = plan_placement(cfg.placement(), mcfg)
             if distributed.is_main_process():
@@ -253,8 +253,10 @@ def main(argv: list[str] | None = None) -> dict:
                        resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
                        run_config=run_cfg, show_progress=show,
                        files={"recipe_config.json": json.dumps(run_cfg, indent=2, default=str)})
+        abstract = abstract_train_state(params, rl_cfg, mesh)
+        del params  # handed over to the run (Parts.params), which drops it once SFT has started from it
         try:
-            res = run(parts, rc, abstract_train_state(params, rl_cfg, mesh))
+            res = run(parts, rc, abstract)
         except ResumeError as e:
             raise SystemExit(str(e)) from None
     if res.resumed_from is not None:

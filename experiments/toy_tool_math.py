@@ -313,7 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
             params = global_params(params, mesh)
         max_seq_len = max(len(e[0]) for e in examples) + args.budget + 64
 
-        def make_rollout():
+        def make_rollout(params):
             engines = make_engines(graphdef, params, mcfg, args, max_seq_len, tok)
             rollout_cfg = RolloutConfig(n_samples=2 * args.group, budget=args.budget, template=tpl,
                                         sampler=Temperature(temperature=args.temperature))

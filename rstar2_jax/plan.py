@@ -14,9 +14,10 @@ Per device, in four phases: SFT (the trainer alone); RL's update, its π_old pas
 (the trainer and the engines). Rows:
 
 * **parameters**: P x bytes(param_dtype) / (fsdp x tensor) (``model/sharding.py``: every weight has
-  an ``embed`` axis on fsdp and a heads / mlp / vocab axis on tensor; the data axis replicates), twice:
-  the train state's and the initial params that ``run.driver`` keeps (``Parts.params``; the train
-  state starts from a copy because the update donates it).
+  an ``embed`` axis on fsdp and a heads / mlp / vocab axis on tensor; the data axis replicates): the
+  train state's, and in SFT also the initial params it starts from (``Parts.params``; the train state
+  starts from a copy because the update donates it). ``run.driver`` drops the initial params when SFT
+  starts and the scripts hold no other reference, so the RL phases count one copy.
 * **reference policy**: π_ref of the KL term, one more P x bytes(param_dtype) / (fsdp x tensor) in
   every RL phase when ``loss.kl_coef`` > 0 (``run.driver.reference_policy``: laid out like the policy).
 * **gradients** (updates): the update's fp32 accumulator (``rl/train_step._accumulate``) plus one
@@ -114,6 +115,7 @@ _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 SHIPPED: dict[str, tuple[str, float, int]] = {
     "rstar2_14b.json": ("AMD MI300X 192 GB, 8 nodes x 8", 192.0, 64),
     "rstar2_14b_16x80gb.json": ("NVIDIA H100 80GB (or A100 80GB), 2 nodes x 8", 79.6, 16),
+    "rstar2_14b_8x80gb.json": ("NVIDIA H100 80GB (or A100 80GB), 1 node x 8", 79.6, 8),
     "rstar2_8b_8x80gb.json": ("NVIDIA H100 80GB (or A100 80GB), 1 node x 8", 79.6, 8),
 }
 
@@ -198,7 +200,7 @@ class PlanInput:
     reference_copy: bool = False  # a frozen π_ref (KL term, loss.kl_coef > 0) beside the policy
     old_logp_recompute: bool = True  # RLConfig.old_logp_source "recompute" (a no-grad pass) vs "sampler"
     snapshot_lookahead: int = 0  # async RL's L (AsyncConfig.ahead: max_staleness unless lookahead); 0: sync loop
-    initial_copy: bool = True  # run.driver keeps the initial params (Parts.params) beside the train state's
+    initial_copy: bool = True  # SFT holds the initial params (Parts.params) beside the train state's
     runtime_bytes: int = 0  # fixed allowance (the process baseline on CPU)
 
     def __post_init__(self) -> None:
@@ -246,7 +248,7 @@ def _phase(inp: PlanInput, phase: str, micro_rows: int | None = None) -> dict[st
     vd = m.vocab_size * m.hidden_size
     out = dict.fromkeys(ROWS, 0.0)
     rl = phase != "sft"
-    out["parameters"] = (1 + inp.initial_copy) * total * pb / shards
+    out["parameters"] = (1 + (inp.initial_copy and not rl)) * total * pb / shards
     if rl and inp.reference_copy:
         out["reference policy"] = total * pb / shards
     out["optimizer state"] = 2 * total * pb / shards

@@ -55,7 +55,7 @@ def test_presets_are_the_public_sizes():
 def test_phase_arithmetic_on_a_tiny_config():
     plan = make_plan(_tiny_input())
     rl = plan.phases["rl"]
-    assert rl["parameters"] == 2 * 90496 * 4  # 723,968: the train state's + the driver's initial copy (fp32)
+    assert rl["parameters"] == 90496 * 4  # 361,984: the train state's (the driver drops the initial copy in SFT)
     assert rl["gradients"] == 90496 * (4 + 4) + 128 * 64 * 4  # fp32 accumulator + micro grad + V x D fp32
     assert rl["optimizer state"] == 2 * 90496 * 4  # AdamW m, v
     assert rl["layer-stack copies"] == 2 * 2 * 37024 * 4  # stacked params + grads of 2 layers
@@ -68,8 +68,10 @@ def test_phase_arithmetic_on_a_tiny_config():
     batch = 2 * 32 * (20 + 4 * 2)  # 2 rows x T 32: 5 int/f32 fields + the sampler's and pi_old's log-probs
     assert rl["RL batch"] == batch
     assert rl["reference policy"] == rl["async snapshots"] == rl["weight-sync transient"] == 0
-    assert plan.total("rl") == pytest.approx(723968 + 756736 + 723968 + 592384 + acts + batch + 361984 + 2**20)
-    assert make_plan(_tiny_input(initial_copy=False)).phases["rl"]["parameters"] == 90496 * 4
+    assert plan.total("rl") == pytest.approx(361984 + 756736 + 723968 + 592384 + acts + batch + 361984 + 2**20)
+    sft = make_plan(_tiny_input(sft_rows=2, sft_seq_len=32)).phases["sft"]
+    assert sft["parameters"] == 2 * 90496 * 4  # SFT: the train state's + the initial params it starts from
+    assert make_plan(_tiny_input(sft_rows=2, sft_seq_len=32, initial_copy=False)).phases["sft"]["parameters"] == 90496 * 4
     assert list(plan.phases) == ["rl", "old_logp", "sync"] and plan.fits is None
 
 

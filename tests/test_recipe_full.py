@@ -8,9 +8,11 @@ temperature 1 the policy then answers each right about half the time, groups are
 steps update for real.
 """
 
+import gc
 import json
 import math
 import sys
+import weakref
 from pathlib import Path
 
 import jax
@@ -97,8 +99,13 @@ def _record_built(monkeypatch, script) -> dict:
 
     monkeypatch.setattr(script, "PagedEngine", Engine)
     wrap("open_pool", lambda a, k: built.update(limits=k["limits"]))
-    wrap("Rollout", lambda a, k: built.update(rollout=a[3]))
-    wrap("Parts", lambda a, k: built.update(rl=k["rl"], async_rl=k["async_rl"]))
+    def on_rollout(a, k):  # built after SFT: by then nothing holds the initial params (one copy in RL)
+        gc.collect()
+        built.update(rollout=a[3], initial_alive=sum(r() is not None for r in built["initial"]))
+
+    wrap("Rollout", on_rollout)
+    wrap("Parts", lambda a, k: built.update(rl=k["rl"], async_rl=k["async_rl"],
+                                            initial=[weakref.ref(x) for x in jax.tree.leaves(k["params"])]))
     return built
 
 
@@ -124,6 +131,7 @@ def test_full_recipe_path_on_an_hf_directory(run_dir, capsys, monkeypatch):
     assert built["rollout"].admission.prior_weight == 2.0
     assert (built["rl"].loss.eps_high, built["rl"].loss.eps_low, built["rl"].roc.keep_per_group) == (0.28, 0.25, 2)
     assert built["async_rl"].max_staleness == 0
+    assert built["initial"] and built["initial_alive"] == 0  # the driver dropped Parts.params once SFT began
     saved = json.loads((out / "recipe_config.json").read_text())
     assert (saved["engine"]["page_size"], saved["engine"]["prefill_chunk"], saved["loss"]["eps_low"]) == (8, 32, 0.25)
     fields = {k: v for k, v in saved.items() if k not in ("seed", "dry_run")}

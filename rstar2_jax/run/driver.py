@@ -112,16 +112,20 @@ class SFTPart:
     cache_save: Callable[[TrainState, list[dict]], None] | None = None
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(kw_only=True)
 class Parts:
     graphdef: Any
-    params: Any  # the initial policy, placed (the trainer mesh's layout, or one device)
+    # the initial policy, placed (the trainer mesh's layout, or one device); handed over: the run sets it to
+    # None once SFT has started from it, so the initial copy does not stay on the devices beside the train
+    # state for the whole run (the caller should hold no other reference; rstar2_jax/plan.py counts it in SFT)
+    params: Any
     mesh: Any  # the training mesh (None: one device)
     rl: RLConfig
     learner: LearnerConfig
     pad_id: int
-    # () -> (Rollout, the engines evaluation uses); built after SFT, once for every RL stage
-    make_rollout: Callable[[], tuple[Rollout, Sequence[Engine]]]
+    # params -> (Rollout, the engines evaluation uses), the engines holding ``params`` (the train state's);
+    # built after SFT, once for every RL stage
+    make_rollout: Callable[[Any], tuple[Rollout, Sequence[Engine]]]
     pool: SandboxBackend
     tokenizer: Any
     reward_fn: Any
@@ -205,7 +209,8 @@ class _Run:
 
             n0 = len(self.log.rows)
             mine = shard_owner(sp.shards, jax.process_count(), jax.process_index())
-            state = train_sft_shards(self.p.graphdef, self.p.params, {s: sp.load_shard(s) for s in mine}, sp.shards,
+            params, self.p.params = self.p.params, None  # the train state starts from (a copy of) it: then it goes
+            state = train_sft_shards(self.p.graphdef, params, {s: sp.load_shard(s) for s in mine}, sp.shards,
                                      sp.cfg, pad_id=self.p.pad_id, mesh=self.p.mesh, seed=self.rc.seed,
                                      state=self.state, show_progress=self.rc.show_progress, on_state=on_state,
                                      on_step=lambda i, m: self.log.log({"stage": "sft", "sft_step": i, "step": 0, **m}))
@@ -217,7 +222,8 @@ class _Run:
 
     def start_rl(self) -> None:
         """The run's two long-lived owners for every RL stage: the rollout service and the learner."""
-        self.rollout, self.eval_engines = self.p.make_rollout()
+        self.p.params = None  # a resumed run restored its state: the initial policy is not needed
+        self.rollout, self.eval_engines = self.p.make_rollout(self.state.params)
         self.learner = Learner(self.p.graphdef, self.state, self.p.learner, pad_id=self.p.pad_id, mesh=self.p.mesh,
                                ref_params=self.reference_policy())
         self.rollout.sync(self.learner.params, version=self.learner.version)
