@@ -174,6 +174,7 @@ class Dispatcher:
             for w in self.workers:
                 w.join()
             bar.close()
+            late: list[Event] = []  # what the workers reported after the last trajectory finished
             with self._push_lock:  # a push not yet forwarded waits for the next batch
                 self._running = False
                 while True:
@@ -185,6 +186,10 @@ class Dispatcher:
                         self._pending_push = msg
                     elif isinstance(msg, Swapped):  # applied before its worker stopped
                         self._on_swapped(msg)
+                    elif isinstance(msg, (Refused, Crashed)):
+                        late.append(msg)
+        for msg in late:  # e.g. the final Releases: an expected refusal is counted, any other fails the batch
+            self._handle(msg)
         metrics = self._metrics(trajs, time.perf_counter() - t0, preempt0)
         metrics["unshared_children"] = sum(e.stats().unshared_children - s.unshared_children
                                            for e, s in zip(self.engines, start))  # forks that found no room
