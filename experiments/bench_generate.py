@@ -34,9 +34,10 @@ import argparse
 import os
 import sys
 
-if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):  # before JAX starts
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
-                               f" --xla_force_host_platform_device_count={os.cpu_count() or 1}").strip()
+from rstar2_jax.utils.xla_flags import force_host_device_count  # noqa: E402 - no JAX
+
+force_host_device_count(os.cpu_count() or 1, who="bench_generate")  # before JAX starts; the user's count wins
+
 import statistics
 import tempfile
 import time

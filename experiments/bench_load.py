@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rstar2_jax.utils.bench import Metric, report  # noqa: E402  (no JAX)
+from rstar2_jax.utils.xla_flags import force_host_device_count  # noqa: E402  (no JAX)
 
 MESH = (1, 8, 1)  # data, fsdp, tensor
 LAYOUT_VARS = ("RSTAR2_COORDINATOR", "RSTAR2_NUM_PROCESSES", "RSTAR2_PROCESS_ID", "JAX_COORDINATOR_ADDRESS",
@@ -120,7 +121,8 @@ def run(method: str, processes: int, ckpt: Path, tmp: Path) -> list[dict]:
     out = tmp / f"{method}_{processes}"
     port = _free_port()
     base = {k: v for k, v in os.environ.items() if k not in LAYOUT_VARS and "_proxy" not in k.lower()}
-    base.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
+    base["JAX_PLATFORMS"] = "cpu"
+    force_host_device_count(8 // processes, environ=base, who="bench_load")  # the user's other XLA flags kept
     procs = []
     for i in range(processes):
         env = dict(base)

@@ -19,8 +19,11 @@ def _flag(name: str, default: int, minimum: int = 1) -> int:
 
 
 if "jax" not in sys.modules:  # fake CPU devices: devices_per_engine per engine (+ the learner's), so engines run concurrently
-    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count="
-                          f"{_flag('learner-devices', 0, 0) + _flag('engines', 2) * _flag('devices-per-engine', 1)}")
+    from rstar2_jax.utils.xla_flags import force_host_device_count  # no JAX
+
+    # added to the user's XLA_FLAGS (a count they set is kept, and said when it differs)
+    force_host_device_count(_flag("learner-devices", 0, 0) + _flag("engines", 2) * _flag("devices-per-engine", 1),
+                            who="toy_tool_math")
 
 import argparse  # noqa: E402
 
