@@ -46,6 +46,7 @@ from rstar2_jax.run.scripted import mixed_script
 from rstar2_jax.sampling import Greedy, PagedEngine, Temperature
 from rstar2_jax.sampling.placement import plan_placement
 from rstar2_jax.sandbox.backend import open_pool
+from rstar2_jax.sandbox.check import check_pool
 from rstar2_jax.sft import SFTConfig, shard_owner
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
 
@@ -72,6 +73,9 @@ def parse_args(argv):
     ap.add_argument("--sandbox-backend", default=None, choices=("local", "ray"),
                     help="override the config's sandbox_backend (ray: one sandbox actor per Ray node)")
     ap.add_argument("--ray-address", default=None, help="override the config's ray_address")
+    ap.add_argument("--allow-weaker-sandbox", action="store_true",
+                    help="run even when the sandbox's isolation is weaker than the config's sandbox fields ask for "
+                    "(namespaces, network, private_root, seccomp, uid_range): a warning instead of a config error")
     args = ap.parse_args(argv)
     if not args.dry_run and not args.config:
         ap.error("give --config PATH (full scale) or --dry-run")
@@ -171,6 +175,29 @@ def check_devices(cfg: RecipeConfig) -> tuple[int, int, int]:
     return shape
 
 
+def check_sandbox(pool, limits, *, allow_weaker: bool = False) -> str:
+    """Every process's pool against the config's ``sandbox`` limits (all-gathered, so every process decides
+    alike): process 0 prints the ``sandbox:`` mode line; isolation weaker than asked for on any process is
+    a config error naming what is missing and why, unless ``allow_weaker`` (--allow-weaker-sandbox): a
+    warning. Returns this process's mode."""
+    mode, missing = check_pool(pool, limits, allow_weaker=True)
+    everyone = distributed.allgather_json([mode, missing])
+    many = len(everyone) > 1
+    if distributed.is_main_process():
+        modes = {m for m, _ in everyone}
+        print("sandbox: " + (mode if len(modes) == 1 else
+                             ", ".join(f"process {i}: {m}" for i, (m, _) in enumerate(everyone))), flush=True)
+    weak = [(f"process {i}: " if many else "") + "; ".join(ms) for i, (_, ms) in enumerate(everyone) if ms]
+    if weak and not allow_weaker:
+        raise SystemExit(f"config error: the sandbox is weaker than the config's sandbox fields ask for: "
+                         f"{' | '.join(weak)} (run on a host that allows it, relax those fields in the config, or "
+                         f"accept it with --allow-weaker-sandbox)")
+    if weak and distributed.is_main_process():
+        print(f"warning: --allow-weaker-sandbox: running with a weaker sandbox than configured: {' | '.join(weak)}",
+              file=sys.stderr, flush=True)
+    return mode
+
+
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     distributed.initialize()  # every process runs this script; a no-op for one process
@@ -187,6 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
     tpl = TemplateConfig.toy(report_exec_time=False) if args.dry_run or cfg.template == "toy" else TemplateConfig()
     with open_pool(cfg.sandbox_backend, workers=cfg.sandbox_workers, limits=cfg.sandbox,
                    ray_address=cfg.ray_address) as pool:
+        check_sandbox(pool, cfg.sandbox, allow_weaker=args.allow_weaker_sandbox)  # before anything is written
         sft_path, rl_path, eval_path = dry_run_data(out, pool, args.seed) if args.dry_run else (
             cfg.sft_data, cfg.rl_data, cfg.eval_data)
         # the data, before the model: every problem file whole, this process's SFT shards
