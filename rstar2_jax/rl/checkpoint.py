@@ -15,7 +15,11 @@ reason when none restores (a resume must never silently start over).
 
 Several processes (multi-controller JAX): every process constructs the ``Checkpointer`` on the same
 (shared) directory and calls ``save`` / ``restore`` in the same order with its global arrays; orbax
-writes each array shard once and the JSON meta from process 0 only.
+writes each array shard once and the JSON meta from process 0 only. Every process restores the same
+step: the processes all-gather the steps each one lists and try only those every one lists (newest
+first; a step some process lacks is a failure naming each process's steps, :func:`common_steps`), and
+after each step's read and again after its fingerprint check they all-gather each one's outcome: a step
+that fails on any process is skipped on all, with that process's reason (:func:`combined_reason`).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import json
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,6 +37,7 @@ import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
 
+from rstar2_jax.distributed import allgather_json
 from rstar2_jax.rl.config import RLConfig
 from rstar2_jax.rl.train_step import TrainState, make_optimizer, train_state_shardings
 
@@ -88,6 +93,67 @@ def _matches(a: list[list[float]], b: list[list[float]], rtol: float = 1e-4) -> 
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     scale = np.maximum(np.abs(a), 1.0)
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= rtol * scale))
+
+
+def common_steps(steps_by_process: Sequence[Iterable[int]]) -> tuple[list[int], dict[int, str]]:
+    """The steps every process can try, newest first, and ``{step: why not}`` for each step that only
+    some processes list (naming each process's steps). ``steps_by_process[i]``: process ``i``'s steps."""
+    listed = [sorted({int(s) for s in steps}) for steps in steps_by_process]
+    if not listed:
+        return [], {}
+    common = set(listed[0]).intersection(*listed[1:])
+    every = sorted(set().union(*listed), reverse=True)
+    if len(listed) == 1:
+        return every, {}
+    held = ", ".join(f"process {i}: {steps}" for i, steps in enumerate(listed))
+    skipped = {s: f"not on every process (lacking: {', '.join(str(i) for i, st in enumerate(listed) if s not in st)};"
+                  f" the steps each process lists: {held})" for s in every if s not in common}
+    return [s for s in every if s in common], skipped
+
+
+def combined_reason(reasons: Sequence[str | None]) -> str | None:
+    """One step's outcome over the processes (``reasons[i]``: process ``i``'s failure, None: it succeeded):
+    None when every process succeeded, else each failing process's reason (one process: its reason as is)."""
+    if len(reasons) == 1:
+        return reasons[0]
+    failed = [f"process {i}: {r}" for i, r in enumerate(reasons) if r is not None]
+    return "; ".join(failed) if failed else None
+
+
+def _reason(e: BaseException) -> str:
+    return f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+
+
+class _PeerFailed(Exception):
+    """Another process failed this step (the message is the combined reason, the same on every process)."""
+
+
+class _Agreement:
+    """The ``total`` rounds in which the processes agree on one step's outcome: every process takes part in
+    each round up to the first that fails anywhere (a collective: one ``allgather_json`` per round)."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.rounds = total, 0
+
+    def round(self, reason: str | None = None) -> None:
+        """This process passed the next round (or failed it with ``reason``); raises ``_PeerFailed`` with the
+        combined reason when any process failed it."""
+        self.rounds += 1
+        combined = combined_reason(allgather_json(reason))
+        if combined is not None:
+            raise _PeerFailed(combined)
+
+    def fail(self, e: BaseException) -> str:
+        """The agreed reason after this process's failure ``e``: it fails the next round, where the others
+        wait (after the last round nobody waits: this process's reason alone)."""
+        if isinstance(e, _PeerFailed):
+            return str(e)
+        if self.rounds < self.total:
+            try:
+                self.round(_reason(e))
+            except _PeerFailed as peer:
+                return str(peer)
+        return _reason(e)
 
 
 class Checkpointer:
@@ -156,16 +222,24 @@ class Checkpointer:
         """Newest (or ``step``'s, then older) checkpoint that loads and passes the fingerprint check."""
         self.wait()
         self.failures = {}
-        steps = [s for s in reversed(self.all_steps()) if step is None or s <= step]
+        # every process the same steps, newest first (a step only some list: a failure naming who has what)
+        steps, skipped = common_steps(allgather_json([s for s in self.all_steps() if step is None or s <= step]))
+        for s, why in skipped.items():
+            self.failures[s] = why
+            warnings.warn(f"checkpoint step {s} in {self.directory}: {why}", RuntimeWarning, stacklevel=2)
+            log.warning("checkpoint step %s in %s: %s", s, self.directory, why)
         for s in steps:
+            agree = _Agreement(total=2)
             try:
                 out = self._mngr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                                                     meta=ocp.args.JsonRestore()))
                 meta = out["meta"]
+                agree.round()  # every process read step s (the fingerprint below is a collective)
                 if meta.get("step") != s or not _matches(fingerprint(out["state"]), meta["fingerprint"]):
                     raise ValueError("arrays do not match the fingerprint stored at save time")
-            except Exception as e:  # noqa: BLE001 - any failure means "unreadable": fall back
-                reason = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+                agree.round()  # every process's arrays match
+            except Exception as e:  # noqa: BLE001 - any failure means "unreadable": fall back (every process)
+                reason = agree.fail(e)
                 self.failures[s] = reason
                 msg = f"checkpoint step {s} in {self.directory} is corrupt or unreadable ({reason}); "
                 warnings.warn(msg + "trying the previous one", RuntimeWarning, stacklevel=2)

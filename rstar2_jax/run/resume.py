@@ -18,7 +18,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
-from rstar2_jax.rl.checkpoint import CheckpointError, Checkpointer, Restored
+from rstar2_jax.rl.checkpoint import CheckpointError, Checkpointer, Restored, combined_reason, common_steps
 
 CURSOR_VERSION = 1
 SEED_STRIDE = 100_003  # step seed = seed * SEED_STRIDE + global RL step (1-based): distinct per (seed, step)
@@ -107,7 +107,8 @@ def open_checkpoints(out: Path, *, resume: bool, abstract_state: Any, run_config
     """The run's ``Checkpointer`` and, with ``resume``, the restored newest checkpoint (else None).
 
     Resume refuses (``ResumeError``, before anything is written) as the module docstring lists.
-    ``run_config``: JSON of every setting that defines the run (saved in each checkpoint).
+    ``run_config``: JSON of every setting that defines the run (saved in each checkpoint). Several
+    processes decide alike (what each one sees is all-gathered): all refuse, or all restore one step.
     """
     folder = out / "checkpoint"
     if not resume:
@@ -117,20 +118,29 @@ def open_checkpoints(out: Path, *, resume: bool, abstract_state: Any, run_config
             archive_previous(out)
         sync("archive_previous")
         return Checkpointer(folder, max_to_keep=max_to_keep), None
+    from rstar2_jax.distributed import allgather_json
+
     try:
-        ckpt = Checkpointer(folder, max_to_keep=max_to_keep, create=False)
+        ckpt, missing = Checkpointer(folder, max_to_keep=max_to_keep, create=False), None
     except CheckpointError as e:
-        raise ResumeError(f"--resume: nothing to resume in {out}: {e}") from None
-    steps = ckpt.all_steps()
-    if not steps:
+        ckpt, missing = None, str(e)
+    missing = combined_reason(allgather_json(missing))  # a folder one process cannot see: every process refuses
+    if missing is not None:
+        if ckpt is not None:
+            ckpt.close()
+        raise ResumeError(f"--resume: nothing to resume in {out}: {missing}")
+    listed = allgather_json(ckpt.all_steps())
+    if not any(listed):
         raise ResumeError(f"--resume: nothing to resume in {out}: {folder} holds no finished checkpoint")
-    for s in reversed(steps):  # the newest meta that reads: compare the configuration before the arrays
+    steps, _ = common_steps(listed)  # the steps every process lists (restore_latest names the others)
+    for s in steps:  # the newest meta that reads on every process: compare the configuration before the arrays
         try:
-            saved = ckpt.read_meta(s).get("config") or {}
-        except Exception:  # noqa: BLE001 - unreadable meta: restore_latest names the reason
-            continue
-        check_config(saved.get("run", {}), run_config, allow=allow_changed, folder=folder)
-        break
+            saved, why = ckpt.read_meta(s).get("config") or {}, None
+        except Exception as e:  # noqa: BLE001 - unreadable meta: restore_latest names the reason
+            saved, why = None, type(e).__name__
+        if combined_reason(allgather_json(why)) is None:
+            check_config(saved.get("run", {}), run_config, allow=allow_changed, folder=folder)
+            break
     try:
         restored = ckpt.restore_latest(abstract_state)
     except CheckpointError as e:
