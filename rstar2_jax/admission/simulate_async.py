@@ -50,7 +50,7 @@ from rstar2_jax.admission.config import AdmissionConfig
 from rstar2_jax.admission.sim_types import SimEngine, SimEngineState, SimGroup, SimLiveGroup, SimSeq
 from rstar2_jax.admission.simulate import Simulator
 
-__all__ = ["AsyncConfig", "AsyncResult", "AsyncSimulator", "simulate_async"]
+__all__ = ["AsyncConfig", "AsyncResult", "AsyncSimulator", "StageTimes", "predict_step_s", "simulate_async"]
 
 _EPS = 1e-9
 
@@ -294,3 +294,94 @@ def simulate_async(steps: Sequence[Sequence[SimGroup]], *, n_engines: int, engin
     """Run the RL loop over ``steps`` (see the module docstring); ``lengths``/``history`` as ``simulate``'s."""
     return AsyncSimulator(steps, n_engines=n_engines, engine=engine, budget=budget, cfg=cfg, policy=policy,
                           lengths=lengths, history=history).run_async()
+
+
+# -- the real loop's two threads, from measured stage times (checked against the demo: bench_async) ---------
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class StageTimes:
+    """One RL step's stage seconds, measured in a synchronous run (``loop.rl_step``'s metrics):
+    ``rollout_s`` = ``time_rollout_s``, ``score_s`` = ``time_reward_s``, ``update_s`` = ``time_train_s``,
+    ``sync_s`` = ``time_sync_s``, ``other_s`` = ``step_s`` minus those four (metrics, gathers)."""
+
+    rollout_s: float
+    score_s: float = 0.0
+    update_s: float = 0.0
+    sync_s: float = 0.0
+    other_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if min(self.rollout_s, self.score_s, self.update_s, self.sync_s, self.other_s) < 0:
+            raise ValueError(f"StageTimes: seconds must be >= 0, got {self}")
+
+    @property
+    def learner_s(self) -> float:
+        """The main thread's work in the asynchronous loop (score, update, publish, metrics)."""
+        return self.score_s + self.update_s + self.sync_s + self.other_s
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, float]) -> "StageTimes":
+        """From a synchronous run's RL row (``metrics.jsonl``)."""
+        parts = [float(row.get(k, 0.0)) for k in ("time_rollout_s", "time_reward_s", "time_train_s", "time_sync_s")]
+        return cls(rollout_s=parts[0], score_s=parts[1], update_s=parts[2], sync_s=parts[3],
+                   other_s=max(float(row["step_s"]) - sum(parts), 0.0))
+
+
+def predict_step_s(steps: Sequence[StageTimes], *, max_staleness: int, contention: float = 0.0) -> tuple[float, ...]:
+    """Per RL step, the seconds ``run.driver`` measures (``step_s``: the main thread from the step's
+    start to its end) of ``async_loop.AsyncRL`` with ``max_staleness = lookahead = k`` (not fresh, no
+    in-flight push, no drain point before the last step), or of ``loop.rl_step`` for k = 0, when batch
+    ``b``'s stages take ``steps[b]``'s solo seconds. Pure; no JAX.
+
+    Two threads. The rollout thread generates batch ``b`` (``rollout_s``) once batch ``b - 1`` is
+    generated and the main thread has begun step ``b - k`` (there the driver requests batches up to
+    ``b``; the weights batch ``b`` needs, after ``b - k`` consumed batches, were published at the end of
+    step ``b - k - 1``). The main thread's step ``b`` waits for batch ``b``, then scores, updates,
+    publishes the weights (the snapshot and resharding: ``sync_s``; the engines' swap before the next
+    batch is taken as part of it) and gathers metrics, all serially (``learner_s``); the next step
+    begins when it ends. k = 0: the batch starts with its step, so a step is the sum of its stages.
+
+    ``contention`` (c >= 0): while both threads work they share the cores, each progressing at rate
+    ``1 / (1 + c)`` of its solo rate (processor sharing): c = 0 is independent cores, c = 1 is one
+    core time-sliced (overlapped work takes as long as serial work). With a rollout much longer than
+    the learner's work a step takes ``rollout_s + c * learner_s``; with the learner's longer,
+    ``learner_s + c * rollout_s``.
+    """
+    k, n = max_staleness, len(steps)
+    if k < 0 or contention < 0:
+        raise ValueError("predict_step_s: need max_staleness >= 0, contention >= 0")
+    if not n:
+        return ()
+    rate_both = 1.0 / (1.0 + contention)
+    t = 0.0
+    step = 0  # the main thread's step
+    started = [0.0] + [float("nan")] * (n - 1)  # main step start times
+    main_left: float | None = None  # main work left in this step (None: waiting for its batch)
+    gen, gen_left = 0, steps[0].rollout_s  # the batch the rollout thread generates, its work left
+    done = 0  # batches generated
+    out: list[float] = []
+    while step < n:
+        if main_left is None and done > step:
+            main_left = steps[step].learner_s
+        busy_r = gen < n and gen_left is not None
+        busy_m = main_left is not None
+        if not (busy_r or busy_m):
+            raise RuntimeError("predict_step_s: deadlock (no thread can run)")
+        rate = rate_both if busy_r and busy_m else 1.0
+        dt = min(x / rate for x in ((gen_left if busy_r else None), main_left) if x is not None)
+        t += dt
+        if busy_r:
+            gen_left -= dt * rate
+        if busy_m:
+            main_left -= dt * rate
+        if busy_r and gen_left <= _EPS:
+            done, gen, gen_left = gen + 1, gen + 1, None
+        if busy_m and main_left <= _EPS:
+            out.append(t - started[step])
+            step, main_left = step + 1, None
+            if step < n:
+                started[step] = t
+        if gen < n and gen_left is None and gen - k <= step:  # its request is in (step gen - k has begun)
+            gen_left = steps[gen].rollout_s
+    return tuple(out)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rstar2_jax.admission import AdmissionConfig, SimEngine, SimGroup, SimTrajectory, simulate
-from rstar2_jax.admission.simulate_async import AsyncConfig, simulate_async
+from rstar2_jax.admission.simulate_async import AsyncConfig, StageTimes, predict_step_s, simulate_async
 
 
 def _engine(**kw):
@@ -144,3 +144,66 @@ def test_paper_scale_costs_are_the_stated_ones():
     # 0.5 (RoC's G of 2G) x 10 x 14.77e9 FLOPs / (16 devices x 989e12 x 0.4) = 11.67 us per token of a finished group
     assert p.train_s_per_token(16) == pytest.approx(11.67e-6, rel=1e-3)
     assert p.workload().n_problems == 16 and p.devices // p.slice == 8
+
+
+# -- predict_step_s: the real loop's two threads from measured stage times (hand-computed) ----------------
+
+def _st(rollout, learner=0.0, **kw):
+    return StageTimes(rollout_s=rollout, update_s=learner, **kw)
+
+
+def test_predict_k0_is_the_sum_of_the_stages():
+    steps = [StageTimes(rollout_s=3.0 + b, score_s=0.25, update_s=1.0 + 0.5 * b, sync_s=0.125, other_s=0.0625)
+             for b in range(4)]
+    assert predict_step_s(steps, max_staleness=0) == pytest.approx(
+        [3.0 + b + 0.25 + 1.0 + 0.5 * b + 0.125 + 0.0625 for b in range(4)], rel=1e-12)
+    # contention cannot matter: nothing overlaps
+    assert predict_step_s(steps, max_staleness=0, contention=1.0) == predict_step_s(steps, max_staleness=0)
+
+
+def test_predict_k1_rollout_bound_is_the_rollout():
+    # rollout 3 s >> learner 1 s (score .25 + update .5 + sync .125 + other .125). Batch b + 1 starts
+    # as batch b ends (its request came at step b's start): batches end at 3, 6, 9, 12, 15; step 0
+    # is 3 + 1 (the first batch overlaps nothing), then each step waits for the next batch: 3 s.
+    steps = [StageTimes(rollout_s=3.0, score_s=0.25, update_s=0.5, sync_s=0.125, other_s=0.125)] * 5
+    assert predict_step_s(steps, max_staleness=1) == pytest.approx([4.0, 3.0, 3.0, 3.0, 3.0], rel=1e-12)
+
+
+def test_predict_k1_learner_bound_is_the_learner():
+    # learner 3 s >> rollout 1 s: the rollout runs ahead by one batch and waits; steps take the learner's 3 s
+    assert predict_step_s([_st(1.0, 3.0)] * 5, max_staleness=1) == pytest.approx([4.0, 3.0, 3.0, 3.0, 3.0])
+
+
+def test_predict_contention_shares_the_cores():
+    # rollout 3, learner 1, c = 0.5: the learner's 1 s overlaps the next batch at rate 2/3 (1.5 s), in
+    # which the rollout does 1 s of its 3: batch 1 ends at 3 + 1.5 + 2 = 6.5; step 0 = 4.5; from then on
+    # a step is rollout + c x learner = 3.5 (wait 2 s for the batch, 1.5 s of shared work). The last
+    # step shares nothing (no batch left to generate): a 2 s wait and 1 s of solo work.
+    steps = [_st(3.0, 1.0)] * 5
+    got = predict_step_s(steps, max_staleness=1, contention=0.5)
+    assert got == pytest.approx([4.5, 3.5, 3.5, 3.5, 3.0], rel=1e-12)
+    # c = 1 (one core, time-sliced): overlapping buys nothing in the steady state
+    assert predict_step_s(steps, max_staleness=1, contention=1.0)[1:4] == pytest.approx([4.0] * 3)
+    # learner-bound: learner + c x rollout
+    assert predict_step_s([_st(1.0, 3.0)] * 5, max_staleness=1, contention=0.5)[1:4] == pytest.approx([3.5] * 3)
+
+
+def test_predict_k2_absorbs_a_slow_batch():
+    # rollouts 1, 1, 4, 1, 1 s, learner 2 s. k = 1: batch 2 is requested at step 1's start (t = 3) and
+    # ends at 7; step 2 waits for it (5 -> 7) and ends at 9: steps 3, 2, 4, 2, 2. k = 2: batch 2 starts
+    # as batch 1 ends (t = 2) and is done at 6; step 2 (5 -> 8) waits only 1 s: 3, 2, 3, 2, 2.
+    steps = [_st(r, 2.0) for r in (1.0, 1.0, 4.0, 1.0, 1.0)]
+    assert predict_step_s(steps, max_staleness=1) == pytest.approx([3.0, 2.0, 4.0, 2.0, 2.0], rel=1e-12)
+    assert predict_step_s(steps, max_staleness=2) == pytest.approx([3.0, 2.0, 3.0, 2.0, 2.0], rel=1e-12)
+
+
+def test_stage_times_from_a_synchronous_row():
+    row = {"step_s": 2.5, "time_rollout_s": 1.5, "time_reward_s": 0.25, "time_train_s": 0.5, "time_sync_s": 0.125}
+    st = StageTimes.from_row(row)
+    assert (st.rollout_s, st.score_s, st.update_s, st.sync_s) == (1.5, 0.25, 0.5, 0.125)
+    assert st.other_s == pytest.approx(0.125) and st.learner_s == pytest.approx(1.0)
+    assert predict_step_s([st], max_staleness=0) == pytest.approx([2.5])
+    with pytest.raises(ValueError):
+        StageTimes(rollout_s=-1.0)
+    with pytest.raises(ValueError):
+        predict_step_s([st], max_staleness=-1)
