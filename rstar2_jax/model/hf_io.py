@@ -347,8 +347,11 @@ def _place(shape: tuple[int, ...], sharding: jax.sharding.Sharding, dtype: np.dt
     arrays = {}
     for idx, devices in groups.values():
         host = _cast(read(idx), dtype)
-        for device in devices:  # a copy, or on CPU possibly the host buffer itself
-            arrays[device] = jax.device_put(host, device)
+        # a copy, or on CPU the host buffer itself (XLA:CPU aliases an aligned array); the other devices
+        # copy from the first, so no two devices share a buffer (a donation would write into both)
+        arrays[devices[0]] = jax.device_put(host, devices[0])
+        for device in devices[1:]:
+            arrays[device] = jax.device_put(arrays[devices[0]], device)
         jax.block_until_ready([arrays[d] for d in devices])  # copied (if at all): the next slice may come
         del host
     return jax.make_array_from_single_device_arrays(
@@ -382,7 +385,8 @@ def load_hf(path: str | Path, *, mesh: Mesh | None = None, dtype: str | None = N
         var_path = _var_path(_path_key(p))
         hf_name, layout = names[var_path]
         if hf_name not in tensors:
-            raise CheckpointError(f"{ckpt_dir}: missing tensor {hf_name!r} (for parameter {'/'.join(map(str, var_path))})")
+            raise CheckpointError(f"{ckpt_dir}: missing tensor {hf_name!r} "
+                                  f"(for parameter {'/'.join(map(str, var_path))})")
         if tensors[hf_name].shape != layout.hf_shape:
             raise CheckpointError(f"{ckpt_dir}: tensor {hf_name!r} has shape {tensors[hf_name].shape}, "
                                   f"expected {layout.hf_shape}")

@@ -8,7 +8,8 @@ The same script is the 1-process reference (8 devices, no layout env) and each p
 reset the peak (``/proc/self/clear_refs``), ``load_hf``, record VmHWM - VmRSS before and seconds;
 then compare each addressable shard with the tensor read whole by ``safetensors`` (an independent
 reader) in our layout. With ``export``, the params of the last load are written back with
-``export_hf`` to ``OUT_DIR/export`` (all processes; its extra peak RSS recorded). Each process writes ``OUT_DIR/proc{i}.json``.
+``export_hf`` to ``OUT_DIR/export`` (all processes; its extra peak RSS recorded). Each process
+writes ``OUT_DIR/proc{i}.json``.
 """
 
 import os

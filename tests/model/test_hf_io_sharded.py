@@ -67,7 +67,8 @@ def test_bf16_and_fp16_files_load_cast_to_param_dtype(tmp_path, file_dtype):
     graphdef, params = host_params(cfg, dtype=jax.numpy.dtype(file_dtype))
     export_hf(tmp_path, graphdef, params, cfg)
     with safe_open(str(tmp_path / "model.safetensors"), framework="numpy") as f:
-        assert f.get_slice("model.embed_tokens.weight").get_dtype() == {"bfloat16": "BF16", "float16": "F16"}[file_dtype]
+        got_dtype = f.get_slice("model.embed_tokens.weight").get_dtype()
+    assert got_dtype == {"bfloat16": "BF16", "float16": "F16"}[file_dtype]
     mesh = make_mesh(MeshConfig(data=1, fsdp=2, tensor=4))
     _, got, _ = load_hf(tmp_path, mesh=mesh)  # config.json has no param_dtype: float32
     assert {x.dtype for x in jax.tree.leaves(got)} == {np.dtype("float32")}
@@ -91,6 +92,9 @@ def test_sharded_index_checkpoint_on_tensor_parallel_meshes(tmp_path, shape):
     q = got["layers"][0]["attn"]["q_proj"][...]
     assert "tensor" in str(q.sharding.spec) and len({str(s.index) for s in q.addressable_shards}) > 1
     leaves_equal(got, params)
+    for x in jax.tree.leaves(got):  # replicas are copies: no two devices share a buffer
+        pointers = [s.data.unsafe_buffer_pointer() for s in x.addressable_shards]
+        assert len(set(pointers)) == len(pointers)
 
 
 def test_column_slices_read_in_row_runs(tmp_path, monkeypatch):
@@ -209,7 +213,8 @@ def test_two_processes_load_only_their_slices(big_ckpt, tmp_path):
             assert m["specs"] == ref["meshes"][mesh]["specs"]
             print(f"process {i} {mesh}: extra peak {m['extra_peak_bytes'] / 2**20:.0f} MiB "
                   f"({m['extra_peak_bytes'] / ckpt_bytes:.2f} x checkpoint), {m['seconds']:.1f} s; "
-                  f"1 x 8: {ref['meshes'][mesh]['extra_peak_bytes'] / 2**20:.0f} MiB, {ref['meshes'][mesh]['seconds']:.1f} s")
+                  f"1 x 8: {ref['meshes'][mesh]['extra_peak_bytes'] / 2**20:.0f} MiB, "
+                  f"{ref['meshes'][mesh]['seconds']:.1f} s")
             assert m["extra_peak_bytes"] <= bound, (mesh, m["extra_peak_bytes"], bound)
         print(f"process {i} export: extra peak {got['export_extra_peak_bytes'] / 2**20:.0f} MiB")
         assert got["export_extra_peak_bytes"] <= sum(largest)  # about one tensor's slices at a time
