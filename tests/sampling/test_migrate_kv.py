@@ -1,7 +1,14 @@
 """A migration that carries the K/V, through the real Dispatcher and two real PagedEngines: the
-trajectory moves off the slow engine and nothing is recomputed (same prefill as staying)."""
+trajectory moves off the slow engine and nothing is recomputed (same prefill as staying).
 
+The seconds per step the dispatcher measures (``rollout.worker``: ``perf_counter`` around each
+``engine.step()``) come from a per-thread step clock that each step advances by its nominal time
+(slow: 51 ms, fast: 1 ms), not from the wall clock: on a loaded machine the fast engine's real steps
+can be as slow as the slow one's, and the dispatcher would then see no straggler to move."""
+
+import threading
 import time
+import types
 
 import jax
 from flax import nnx
@@ -31,8 +38,26 @@ class _Slow(ScriptedPolicy):
 
     def step(self):
         if self.delay:
-            time.sleep(self.delay)
+            time.sleep(self.delay)  # really slower too: the fast engine runs out of work first
+        STEP_CLOCK.advance(self.delay + 0.001)
         return super().step()
+
+
+class _StepClock:
+    """``perf_counter`` of each thread (each rollout worker runs its engine in a thread of its own): the sum of
+    the nominal seconds of the steps that thread ran."""
+
+    def __init__(self):
+        self.local = threading.local()
+
+    def perf_counter(self):
+        return getattr(self.local, "t", 0.0)
+
+    def advance(self, dt):
+        self.local.t = self.perf_counter() + dt
+
+
+STEP_CLOCK = _StepClock()
 
 
 class _P:
@@ -44,7 +69,10 @@ def _script(prompt, child, turn):
     return TOK.encode("y" * 20 + (CALL if turn == 0 else ANSWER))
 
 
-def test_kv_migration_moves_the_straggler_and_recomputes_nothing():
+def test_kv_migration_moves_the_straggler_and_recomputes_nothing(monkeypatch):
+    import rstar2_jax.rollout.worker as worker
+
+    monkeypatch.setattr(worker, "time", types.SimpleNamespace(perf_counter=STEP_CLOCK.perf_counter))
     mcfg = ModelConfig.tiny(vocab_size=TOK.vocab_size)
     graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(0)))
     devices = jax.devices()[:2]
