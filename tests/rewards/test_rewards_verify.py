@@ -30,7 +30,9 @@ def test_slow_check_times_out_without_stalling_the_batch(reward_pool):
     preds = ["5", _SLOW, "6", _SLOW, "\\frac{10}{2}"]
     start = time.monotonic()
     results = verify_batch(preds, ["5"] * 5, 1.0, pool=reward_pool)
-    assert time.monotonic() - start < 12
+    # a bound far from the failure it guards against (the parser alone takes minutes), not from the machine's
+    # pace: the statuses below show the 1 s limit killed each slow check
+    assert time.monotonic() - start < 60
     assert [r.correct for r in results] == [True, False, False, False, True]
     assert [r.status for r in results] == ["ok", "timeout", "ok", "timeout", "ok"]
 

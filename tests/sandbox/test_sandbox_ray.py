@@ -85,7 +85,8 @@ def test_a_full_cluster_makes_callers_wait_then_fail_clearly(ray_local):
     cfg = ClusterConfig(workers_per_node=1, max_pending=3, submit_timeout_s=0.3, batch_deadline_s=0.005)
     limits = dataclasses.replace(FAST, preload=())
     with RaySandboxPool(limits=limits, config=cfg) as pool:
-        slow = [pool.submit(CodeRequest(code="import time\ntime.sleep(0.8)", timeout_s=5)) for _ in range(3)]
+        # each slow call outlasts the refused submit's 0.3 s wait by > 1 s of this thread's pace (0.8 s did by 0.5 s)
+        slow = [pool.submit(CodeRequest(code="import time\ntime.sleep(1.5)", timeout_s=5)) for _ in range(3)]
         t0 = time.monotonic()
         with pytest.raises(SandboxBusyError, match=r"3 calls pending \(max_pending=3\)"):
             pool.submit(CodeRequest(code="1"))

@@ -7,10 +7,9 @@ from __future__ import annotations
 import dataclasses
 import os
 import textwrap
-import time
 
 import pytest
-from sandbox_checks import FAST, check_healthy, wait_until
+from sandbox_checks import FAST, _processes, check_healthy, wait_until
 
 from rstar2_jax.sandbox import CodeRequest, SandboxPool, uids
 
@@ -42,7 +41,12 @@ def test_a_call_that_uses_its_whole_process_budget_leaves_the_neighbours_theirs(
         if not pool.isolation.own_uid:
             pytest.skip(f"no uid of its own here: {pool.stats()['isolation_notes']}")
         hog = pool.submit(CodeRequest(code=HOG.format(tag=tag)))
-        time.sleep(1.0)  # the hog has forked up to its RLIMIT_NPROC
+        worker_uids = set(pool.worker_uids())
+
+        def at_its_limit():  # a worker's uid holds nearly RLIMIT_NPROC processes (the hog and its children)
+            counts = [uid for _, uid, _ in _processes().values() if uid in worker_uids]
+            return max((counts.count(u) for u in worker_uids), default=0) >= limits.nproc - 2
+        wait_until(at_its_limit, "the hog forked up to its RLIMIT_NPROC")  # it then holds them for 1.5 s
         same_pool = pool.run(CodeRequest(code=NEIGHBOUR))
         other_pool = other.run(CodeRequest(code=NEIGHBOUR))
         h = hog.result()
