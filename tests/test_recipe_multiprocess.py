@@ -74,6 +74,13 @@ def _wait(procs, timeout_s: float) -> None:
     assert not bad, bad
 
 
+def _whole_rows(path: Path) -> list[dict]:
+    """The rows of a metrics file another process is appending to (or was killed writing): whole lines only,
+    a row caught mid-write is not read (the next poll reads it)."""
+    text = path.read_text() if path.exists() else ""
+    return [json.loads(x) for x in text[:text.rfind("\n") + 1].splitlines() if x.strip()]
+
+
 def _raw(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
 
@@ -126,8 +133,7 @@ def runs(tmp_path_factory):
     procs = _launch(killed, 2, cache)
     deadline, fired = time.monotonic() + 1500, False
     while time.monotonic() < deadline and all(p.poll() is None for p, _ in procs):
-        metrics = killed / "metrics.jsonl"
-        rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.exists() else []
+        rows = _whole_rows(killed / "metrics.jsonl")
         if any(r.get("stage") == "rl_stage1" and r.get("stage_step") == 1 for r in rows):
             for p, _ in procs:
                 p.send_signal(signal.SIGKILL)
@@ -138,7 +144,7 @@ def runs(tmp_path_factory):
         p.wait()
     assert fired and all(p.returncode == -signal.SIGKILL for p, _ in procs), (
         "the run ended before it was killed", [log.read_text()[-2000:] for _, log in procs])
-    at_kill = [json.loads(x) for x in (killed / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    at_kill = _whole_rows(killed / "metrics.jsonl")  # a row SIGKILL cut mid-write is not one
     _wait(_launch(killed, 2, cache, ("--resume",)) + straight, timeout_s=1500)
     return {"one": one, "killed": killed, "at_kill": at_kill}
 
