@@ -48,7 +48,8 @@ from rstar2_jax.eval.load_policy import toy_model_config  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.rewards import RewardFn  # noqa: E402
 from rstar2_jax.rl import LossConfig, OptimConfig, RLConfig, RocConfig  # noqa: E402
-from rstar2_jax.rl.config import AGG_MODES, AdvantageConfig, AdvantageKind, KLEstimator, LossKind  # noqa: E402
+from rstar2_jax.rl.config import (AGG_MODES, ASYNC_CORRECTION, AdvantageConfig, AdvantageKind,  # noqa: E402
+                                   CorrectionConfig, KLEstimator, LossKind)
 from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state  # noqa: E402
 from rstar2_jax.rollout.dispatcher import RolloutConfig  # noqa: E402
 from rstar2_jax.rollout.template import TemplateConfig  # noqa: E402
@@ -67,6 +68,15 @@ from rstar2_jax.run.scripted import mixed_script  # noqa: E402
 from rstar2_jax.sampling.scripted import ScriptedPolicy  # noqa: E402
 
 ROC_MODES = ("paper", "deterministic", "none")
+# --correction: rollout correction presets (rl/correction.py; docs/design.md §5.1); "auto" resolves in parse_args
+CORRECTIONS = {
+    "none": CorrectionConfig(),
+    "tis": CorrectionConfig(is_level="token", is_cap=2.0),  # truncated token IS (decoupled PPO with w = min(r, 2))
+    "seq-tis": CorrectionConfig(is_level="sequence", is_cap=2.0),  # truncated sequence IS
+    "token-mask": CorrectionConfig(mask_level="token", mask_lo=0.5, mask_hi=2.0),  # masked IS, per token
+    "geo-mask": CorrectionConfig(mask_level="geometric", mask_lo=0.5, mask_hi=2.0),  # masked IS, geometric mean
+}
+ASYNC_PRESET = next(k for k, v in CORRECTIONS.items() if v == ASYNC_CORRECTION)  # what "auto" picks when K > 0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -116,7 +126,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "trains on devices 0..N-1 (a mesh) and the engines take the next ones (disjoint placement)")
     ap.add_argument("--engine-dtype", default="float32", choices=("float32", "bfloat16"),
                     help="the engines' copy of the weights and their K/V pages (the trainer stays float32); "
-                         "the sampler/trainer mismatch is train/mismatch/* with --old-logp recompute")
+                         "the sampler/trainer mismatch is train/mismatch/* (from the update's forward with --old-logp "
+                         "sampler, from the recompute pass with recompute)")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--sandbox-workers", type=int, default=2, help="local: pool workers; ray: workers per node")
@@ -129,7 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="rollout sampling temperature; the trained policy is softmax(logits/T), the same distribution")
     ap.add_argument("--old-logp", default=None, choices=("sampler", "recompute"),
                     help="pi_old: the sampler's log-probs (temperature 1 only; saves a forward) or a trainer "
-                         "recompute; default: sampler at temperature 1, else recompute")
+                         "recompute; default: sampler at temperature 1 without --correction, else recompute")
     ap.add_argument("--exec-time", type=int, default=0, choices=(0, 1),
                     help="1: tool responses report execution time (as rStar2's full template); "
                          "0 (toy default): reproducible tool text, so --resume reproduces a run exactly")
@@ -148,6 +159,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "schedule then depends on timing")
     ap.add_argument("--stale", default="drop", choices=("drop", "keep"),
                     help="async RL: a group with a sample more than K versions old is dropped whole, or kept")
+    ap.add_argument("--correction", default="auto", choices=("auto", *CORRECTIONS),
+                    help="rollout correction against the sampler's log-probs (needs --old-logp recompute): tis = "
+                         "truncated token IS (C = 2), seq-tis = per sequence, token-mask / geo-mask = masked IS "
+                         f"(ratio outside [0.5, 2]); auto: {ASYNC_PRESET} with --max-staleness >= 1 (unless "
+                         "--old-logp sampler or --scripted-policy), else none")
     ap.add_argument("--ckpt-every", type=int, default=5, help="RL steps between checkpoints")
     ap.add_argument("--ckpt-every-sft", type=int, default=20, help="SFT steps between checkpoints")
     ap.add_argument("--resume", action="store_true",
@@ -170,8 +186,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("rl_steps", "copy_drills", "max_staleness", "learner_devices"):
         if getattr(args, name) < 0:
             errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    if args.correction == "auto":  # asynchronous runs are corrected, unless pi_old is explicitly the sampler's
+        async_ok = args.max_staleness > 0 and args.old_logp != "sampler" and not args.scripted_policy
+        args.correction = ASYNC_PRESET if async_ok else "none"
     if args.old_logp is None:
-        args.old_logp = "sampler" if args.temperature == 1.0 and not args.scripted_policy else "recompute"
+        args.old_logp = ("sampler" if args.temperature == 1.0 and not args.scripted_policy
+                         and args.correction == "none" else "recompute")
+    if args.correction != "none" and args.old_logp == "sampler":
+        errors.append(f"--correction {args.correction} needs --old-logp recompute (pi_prox; with the sampler's "
+                      "pi_old every correction is the identity)")
+    if args.correction != "none" and args.scripted_policy:
+        errors.append(f"--correction {args.correction} needs sampler log-probs: a --scripted-policy has none")
     if args.scripted_policy and args.old_logp == "sampler":
         errors.append("--scripted-policy needs --old-logp recompute (the sampler's log-probs are not the script's)")
     if args.old_logp == "sampler" and args.temperature != 1.0:
@@ -296,7 +321,7 @@ def main(argv: list[str] | None = None) -> dict:
     rl_cfg = RLConfig(roc=RocConfig(keep_per_group=args.group, mode=args.roc_mode),
                       optim=OptimConfig(lr=args.rl_lr, warmup_steps=3, weight_decay=0.01, max_grad_norm=1.0),
                       advantage=AdvantageConfig(kind=args.adv_kind), loss=loss_config(args), logprob_chunk_size=128, old_logp_source=args.old_logp,
-                      temperature=args.temperature)
+                      temperature=args.temperature, correction=CORRECTIONS[args.correction])
 
     with open_pool(args.sandbox_backend, workers=args.sandbox_workers, limits=limits,
                    ray_address=args.ray_address) as pool:

@@ -22,8 +22,8 @@ import numpy as np
 from rstar2_jax.admission.config import AdmissionConfig
 from rstar2_jax.async_loop import AsyncConfig
 from rstar2_jax.config import MeshConfig
-from rstar2_jax.rl.config import (ROC_MODES, AdvantageConfig, CorrectionConfig, LossConfig, OldLogpSource,
-                                  OptimConfig, RLConfig, RocConfig, RocMode)
+from rstar2_jax.rl.config import (ROC_MODES, ASYNC_CORRECTION, AdvantageConfig, CorrectionConfig, LossConfig,
+                                  OldLogpSource, OptimConfig, RLConfig, RocConfig, RocMode)
 from rstar2_jax.sampling.engine_config import EngineConfig
 from rstar2_jax.sampling.placement import PlacementConfig
 from rstar2_jax.sandbox.limits import SandboxLimits
@@ -147,7 +147,9 @@ class RecipeConfig:
     # kernel, K/V dtype), sandbox limits, the async loop's other knobs (lookahead, stale rule, in-flight pushes)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
-    correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)
+    # null: off when synchronous, rl.config.ASYNC_CORRECTION when max_staleness > 0 and old_logp_source is
+    # "recompute" (docs/design.md §5.1); an object (even {}: off) is the run's own choice
+    correction: CorrectionConfig | None = None
     roc: RocConfig = dataclasses.field(default_factory=RocConfig)  # keep_per_group, mode: from group, roc_mode
     old_logp_source: str = "recompute"  # π_old: "recompute" (a no-grad pass at the update) or "sampler"
     logprob_chunk_size: int = 128  # tokens per log-prob chunk of the update (never [B, T, V])
@@ -240,6 +242,8 @@ class RecipeConfig:
         default) is built and type-checked; the fields a flat field sets are filled from it."""
         for name, (kind, default) in COMPONENTS.items():
             value = getattr(self, name)
+            if value is None and name == "correction":  # resolved by rl_config (max_staleness)
+                continue
             if isinstance(value, dict):
                 for (comp, key), flat in _SET_BY.items():
                     if comp == name and key in value and to_plain(value[key]) != to_plain(getattr(self, flat)):
@@ -259,7 +263,11 @@ class RecipeConfig:
     def rl_config(self) -> RLConfig:
         """The learner's update: RoC keeps ``group`` of ``samples_per_problem``, the loss, advantage and
         correction components, π_old's source, the rollout temperature."""
-        return RLConfig(roc=self.roc, advantage=self.advantage, loss=self.loss, correction=self.correction,
+        correction = self.correction
+        if correction is None:
+            auto = self.max_staleness > 0 and self.old_logp_source == "recompute"
+            correction = ASYNC_CORRECTION if auto else CorrectionConfig()
+        return RLConfig(roc=self.roc, advantage=self.advantage, loss=self.loss, correction=correction,
                         optim=OptimConfig(lr=self.rl_lr, warmup_steps=self.warmup_steps),
                         temperature=self.temperature, micro_batch_size=self.micro_batch,
                         old_logp_source=self.old_logp_source, logprob_chunk_size=self.logprob_chunk_size)
@@ -322,7 +330,8 @@ class RecipeConfig:
                     rl_lr=1e-4, warmup_steps=0, stage1_budget=320, stage2_budget=384, stage1_max_steps=2,
                     stage2_max_steps=1, stage3_steps=1, trunc_target=1.0, trunc_tol=0.5, trunc_window=1, filter_k=2,
                     filter_pool=4, eval_every=2, eval_k=1, engines=None, devices_per_engine=1, slots=8,
-                    kv_memory_gb=0.01, sandbox_workers=1, ckpt_every=1, template="toy")
+                    kv_memory_gb=0.01, sandbox_workers=1, ckpt_every=1, template="toy",
+                    correction={})  # off: the dry run's scripted policy has no sampler log-probs to correct
         return cls(**_with_overrides(base, overrides))
 
 

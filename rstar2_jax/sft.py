@@ -78,7 +78,7 @@ def sft_step(state: TrainState, batch: dict[str, jax.Array], *, graphdef: nnx.Gr
     params = optax.apply_updates(state.params, updates)
     metrics = dict(loss=s / d_safe, n_tokens=d, grad_norm=optax.tree.norm(grads),
                    lr=opt_state.hyperparams["learning_rate"])
-    return TrainState(params=params, opt_state=opt_state, step=state.step + 1, key=state.key), metrics
+    return TrainState(params=params, opt_state=opt_state, step=state.step + 1), metrics
 
 
 def make_sft_step(graphdef: nnx.GraphDef, cfg: SFTConfig, *, mesh: Mesh | None = None, donate: bool = True,

@@ -37,11 +37,27 @@ NONDETERMINISTIC = ("time_", "step_s", "tokens_per_s")
     (["--roc-mode", "best"], "--roc-mode must be one of"),
     (["--group", "0"], "--group must be >= 1"),
     (["--sft-lr", "0"], "--sft-lr must be > 0"),
+    (["--correction", "tis", "--old-logp", "sampler"], "--correction tis needs --old-logp recompute"),
+    (["--correction", "geo-mask", "--scripted-policy"], "--correction geo-mask needs sampler log-probs"),
 ])
 def test_bad_command_line_values_are_clear_errors(argv, match, capsys):
     with pytest.raises(SystemExit):
         toy_tool_math.parse_args(argv)
     assert match in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,correction,old_logp", [
+    ([], "none", "sampler"),  # synchronous: the paper's loss, π_old from the sampler
+    (["--max-staleness", "1"], "tis", "recompute"),  # asynchronous: corrected (docs/design.md §5.1)
+    (["--max-staleness", "1", "--correction", "none"], "none", "sampler"),  # the user's choice wins
+    (["--max-staleness", "1", "--old-logp", "sampler"], "none", "sampler"),
+    (["--max-staleness", "1", "--scripted-policy"], "none", "recompute"),  # no sampler log-probs to correct
+    (["--correction", "token-mask"], "token-mask", "recompute"),
+])
+def test_correction_default_follows_staleness(argv, correction, old_logp):
+    args = toy_tool_math.parse_args(argv)
+    assert (args.correction, args.old_logp) == (correction, old_logp)
+    assert toy_tool_math.CORRECTIONS[correction].enabled == (correction != "none")
 
 
 @pytest.mark.slow
@@ -75,6 +91,39 @@ def test_short_demo_writes_every_metric_and_matches_the_golden(tmp_path):
         for k, v in want.items():
             tol = dict(rel=1e-4, abs=1e-7) if k.startswith("train/") else dict(rel=1e-6)  # fp32 reduction noise
             assert got[k] == (pytest.approx(v, **tol) if isinstance(v, float) else v), (got["step"], k)
+
+
+class AlternatingReward:
+    """A stand-in verifier: every other trajectory is right, so each group is mixed and every RL step
+    updates, while the rollouts are the real engines' samples (no scripted policy)."""
+
+    def __init__(self, **_):
+        pass
+
+    def batch(self, trajectories, golds):
+        return [(float(i % 2), {"answer": None}) for i in range(len(trajectories))]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_demo_default_records_the_mismatch(tmp_path, monkeypatch):
+    # the default configuration (π_old from the sampler, synchronous, fp32 engines, no scripted policy): the
+    # mismatch comes from the update's own forward, on every updating step, with the recompute path's names
+    monkeypatch.setattr(toy_tool_math, "RewardFn", AlternatingReward)
+    toy_tool_math.main([a for a in TINY if a != "--scripted-policy"] + ["--eval-every", "2", "--out", str(tmp_path)])
+    args = json.loads((tmp_path / "args.json").read_text())
+    assert (args["old_logp"], args["correction"], args["scripted_policy"]) == ("sampler", "none", False)
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    rl = [r for r in rows if r.get("stage") == "rl" and "reward" in r]
+    assert [r["step"] for r in rl] == [1, 2] and all(r["n_kept"] > 0 for r in rl), [r.get("n_kept") for r in rl]
+    for r in rl:
+        m = {k: r[f"train/mismatch/{k}"] for k in ("abs_mean", "abs_max", "k3", "frac_abs_gt_0.1", "log_ppl_diff",
+                                                    "coverage")}
+        assert all(isinstance(v, float) and math.isfinite(v) for v in m.values()), m
+        # fp32 engines at the learner's weights: numerics only (measured ~4e-7; design.md §5.1)
+        assert m["coverage"] == 1.0 and m["abs_mean"] < 1e-3 and m["frac_abs_gt_0.1"] == 0.0, m
+        assert 0.0 <= m["k3"] < 1e-5 and m["abs_max"] >= m["abs_mean"], m
+    assert (tmp_path / "metrics.png").stat().st_size > 0
 
 
 def _run(out: Path, cache: Path, extra=()):

@@ -18,7 +18,7 @@ from rstar2_jax.metrics import positive_tool_error_rate, trajectory_stats
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
-from rstar2_jax.rl.train_step import init_train_state
+from rstar2_jax.rl.train_step import init_train_state, make_logprob_fn, make_train_step, shard_batch
 from rstar2_jax.rollout import TemplateConfig
 from rstar2_jax.rollout.dispatcher import RolloutConfig
 from rstar2_jax.rollout.service import Rollout
@@ -150,3 +150,40 @@ def test_positive_tool_error_rate():
     # positives: 2 calls, 1 error ("timeout"); the negative's error does not count
     assert rate([T(1, ["ok", "timeout"]), T(0, ["runtime_error"]), T(1, [])]) == 0.5
     assert math.isnan(rate([T(0, ["ok"])]))
+
+
+# the sampler's log-prob of trained token k is the trainer's minus D[k % 4]: δ = log π_train - log π_samp
+# = D[k % 4] (|δ| > 0.1 for 0.2 and -0.3 only)
+D = np.array([0.05, 0.2, -0.3, 0.0], np.float32)
+
+
+@pytest.mark.parametrize("source,micro", [("sampler", None), ("sampler", 2), ("recompute", 2)])
+def test_mismatch_values_against_hand_computation(source, micro):
+    """Every path records the same ``mismatch/*``: with π_old from the sampler, from the update's own
+    forward (micro-batches summed); recomputed, from the recompute pass."""
+    cfg = ModelConfig.tiny(vocab_size=TOK.vocab_size, num_layers=1)
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    rl = RLConfig(optim=OptimConfig(lr=1e-3, warmup_steps=0), logprob_chunk_size=16, old_logp_source=source,
+                  micro_batch_size=micro)
+    b, t = 4, 12
+    rng = np.random.default_rng(0)
+    tok = rng.integers(0, TOK.vocab_size, (b, t + 1)).astype(np.int32)
+    mask = np.zeros((b, t), np.float32)
+    mask[0, 2:10], mask[1, 4:12], mask[2, 1:5] = 1, 1, 1  # row 3 trains nothing; 20 trained tokens
+    batch = dict(tokens=tok[:, :-1], targets=tok[:, 1:], loss_mask=mask, advantages=np.ones(b, np.float32))
+    trainer = np.asarray(make_logprob_fn(graphdef, rl)(params, shard_batch(batch, None)))
+    delta = np.zeros((b, t), np.float32)
+    delta[mask > 0] = D[np.arange(int(mask.sum())) % 4]
+    sampler = np.where(mask > 0, trainer - delta, 0.0).astype(np.float32)
+    batch["old_logp" if source == "sampler" else "sampler_logp"] = sampler
+    _, m = make_train_step(graphdef, rl)(init_train_state(params, rl), shard_batch(batch, None))
+    # 20 trained tokens, each D[k] 5 times: mean |δ| = (0.05 + 0.2 + 0.3 + 0) / 4 = 0.1375, max 0.3,
+    # k3 = mean_k (e^D[k] - 1 - D[k]), |δ| > 0.1 on 10 of 20; each row holds whole cycles of D (8, 8, 4 tokens),
+    # so every sequence's -mean δ is -mean(D) = 0.0125
+    k3 = np.mean([np.exp(x) - 1 - x for x in D])
+    assert float(m["mismatch/abs_mean"]) == pytest.approx(0.1375, abs=2e-6)
+    assert float(m["mismatch/abs_max"]) == pytest.approx(0.3, abs=2e-6)
+    assert float(m["mismatch/k3"]) == pytest.approx(k3, abs=2e-6)
+    assert float(m["mismatch/frac_abs_gt_0.1"]) == 0.5
+    assert float(m["mismatch/log_ppl_diff"]) == pytest.approx(0.0125, abs=2e-6)
+    assert float(m["mismatch/coverage"]) == 1.0

@@ -1,6 +1,7 @@
 """The RoC ablation notebook executes end to end with a tiny budget (parameters injected)."""
 
 import json
+import math
 from pathlib import Path
 
 import nbformat
@@ -49,6 +50,30 @@ def test_roc_ablation_notebook_runs(tmp_path, monkeypatch):
     assert len(list((tmp_path / "runs" / "sft_cache").iterdir())) == len(TINY["SEEDS"])
     for seed in TINY["SEEDS"]:  # the noisy-tools regime was the one used
         assert json.loads((tmp_path / "runs" / f"paper_seed{seed}" / "args.json").read_text())["regime"] == "noisy-tools"
+    check_demo_default_records(tmp_path / "runs")
+
+
+MISMATCH_KEYS = ("abs_mean", "abs_max", "k3", "frac_abs_gt_0.1", "log_ppl_diff", "coverage")
+
+
+def check_demo_default_records(runs: Path) -> None:
+    """The notebook's runs are the demo's default configuration (π_old from the sampler, no scripted
+    policy) for RL_STEPS steps: every step records its rollout metrics, and every RL step that updated
+    records the sampler/trainer mismatch, from the update's own forward, finite. (The tiny policy rarely
+    earns a reward, so RoC may keep nothing: tests/test_demo.py checks a run whose every step updates.)"""
+    for run in sorted(p for p in runs.iterdir() if (p / "args.json").exists()):
+        args = json.loads((run / "args.json").read_text())
+        assert (args["old_logp"], args["scripted_policy"], args["correction"]) == ("sampler", False, "none"), run
+        rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+        rl = [r for r in rows if r.get("stage") == "rl" and "reward" in r]
+        assert [r["step"] for r in rl] == list(range(1, TINY["RL_STEPS"] + 1)), run
+        for r in rl:
+            assert all(isinstance(r[k], (int, float)) for k in ("reward", "response_len", "n_sampled", "n_kept")), r
+            if r["n_kept"] > 0:
+                for k in MISMATCH_KEYS:
+                    v = r.get(f"train/mismatch/{k}")
+                    assert isinstance(v, float) and math.isfinite(v), (run.name, r["step"], k, v)
+                assert r["train/mismatch/coverage"] == 1.0 and 0.0 <= r["train/mismatch/frac_abs_gt_0.1"] <= 1.0
 
 
 def check_results_schema(res: dict, params: dict) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 
-from rstar2_jax.rl.advantages import compute_advantages, group_advantages, token_advantages
+from rstar2_jax.rl.advantages import compute_advantages, group_advantages
 from rstar2_jax.rl.config import (AdvantageConfig, AdvantageKind, CorrectionConfig, KLEstimator, LossConfig, LossKind,
                                   OptimConfig, RLConfig, RocConfig)
 from rstar2_jax.rl.penalties import RocRecord, p_err, p_format, p_format_release, p_total, stack_records
@@ -35,7 +35,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "AdvantageConfig", "AdvantageKind", "CorrectionConfig", "KLEstimator", "LossConfig", "LossKind", "OptimConfig", "RLConfig",
-    "RocConfig", "RocRecord", "compute_advantages", "group_advantages", "token_advantages",
+    "RocConfig", "RocRecord", "compute_advantages", "group_advantages",
     "p_err", "p_format", "p_format_release", "p_total", "stack_records",
     "roc_class_counts", "roc_downsample", *_LAZY,
 ]

@@ -10,8 +10,8 @@ its mean and std (``ddof`` 1 = unbiased, as the released verl code):
                                                               (REINFORCE++-baseline, Hu 2025, arXiv 2501.03262)
 A group of one rollout gets Â = 0 under every kind (no baseline to compare with). RoC composes
 with each: downsampling is unchanged and the advantages are computed on the kept G. Every token of
-a trajectory shares its Â_i: Â_{i,t} = Â_i · m_{i,t} (m = loss mask). Host-side NumPy (group ids are
-arbitrary values); ``token_advantages`` also accepts JAX arrays.
+a trajectory shares its Â_i: Â_{i,t} = Â_i · m_{i,t} (m = loss mask; the loss broadcasts Â_i over the
+row, or reads a packed row's per-token Â). Host-side NumPy (group ids are arbitrary values).
 """
 
 from __future__ import annotations
@@ -84,10 +84,3 @@ def compute_advantages(rewards: np.ndarray, group_ids: np.ndarray,
                        cfg: AdvantageConfig = AdvantageConfig()) -> np.ndarray:
     """Â_i float32 [N] by ``cfg.kind`` (module doc) for the rollouts' rewards and group ids."""
     return ADVANTAGES[cfg.kind](rewards, group_ids, cfg)
-
-
-def token_advantages(adv_n, mask_nt):
-    """Broadcast Â_i to tokens: Â_{i,t} = Â_i · m_{i,t}; [N], [N,T] -> [N,T] (NumPy or JAX)."""
-    if adv_n.ndim != 1 or mask_nt.ndim != 2 or adv_n.shape[0] != mask_nt.shape[0]:
-        raise ValueError(f"need adv [N] and mask [N,T], got {adv_n.shape} and {mask_nt.shape}")
-    return adv_n[:, None] * mask_nt

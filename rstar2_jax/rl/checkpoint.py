@@ -1,4 +1,4 @@
-"""Checkpoints of the RL state with orbax: ``TrainState`` (params, AdamW state, step, PRNG key) plus
+"""Checkpoints of the RL state with orbax: ``TrainState`` (params, AdamW state, step) plus
 a small JSON record (data cursor, config, metrics, an integrity fingerprint).
 
 Layout: ``<directory>/<step>/{state,meta}`` managed by ``ocp.CheckpointManager`` (keeps the last
@@ -24,6 +24,7 @@ that fails on any process is skipped on all, with that process's reason (:func:`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import warnings
@@ -33,6 +34,7 @@ from typing import Any, Iterable, NamedTuple, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import orbax.checkpoint as ocp
 from flax import nnx
 from jax.sharding import Mesh, SingleDeviceSharding
@@ -63,12 +65,31 @@ def abstract_train_state(params: nnx.State, cfg: RLConfig, mesh: Mesh | None = N
     concrete or abstract (e.g. from ``nnx.eval_shape``). Without ``mesh``: the default device."""
     opt = make_optimizer(cfg.optim)
     shapes = TrainState(params=jax.eval_shape(lambda p: p, params), opt_state=jax.eval_shape(opt.init, params),
-                        step=jax.ShapeDtypeStruct((), jnp.int32), key=jax.ShapeDtypeStruct((2,), jnp.uint32))
+                        step=jax.ShapeDtypeStruct((), jnp.int32))
     if mesh is None:
         dev = SingleDeviceSharding(jax.devices()[0])
         return jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=dev), shapes)
     sh = train_state_shardings(params, cfg, mesh)
     return jax.tree.map(lambda s, x: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=x), shapes, sh)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class LegacyTrainState:
+    """The ``TrainState`` checkpoints were written with before it lost its (never read) PRNG key:
+    :meth:`Checkpointer.restore` reads such a checkpoint into this and drops ``key``."""
+
+    params: nnx.State
+    opt_state: optax.OptState
+    step: jax.Array
+    key: jax.Array  # uint32 [2]
+
+
+def _legacy(abstract_state: TrainState) -> LegacyTrainState:
+    rep = jax.tree.leaves(abstract_state.step)[0]
+    key = jax.ShapeDtypeStruct((2,), jnp.uint32, sharding=getattr(rep, "sharding", None))
+    return LegacyTrainState(params=abstract_state.params, opt_state=abstract_state.opt_state,
+                            step=abstract_state.step, key=key)
 
 
 @jax.jit
@@ -231,13 +252,25 @@ class Checkpointer:
         for s in steps:
             agree = _Agreement(total=2)
             try:
-                out = self._mngr.restore(s, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
-                                                                    meta=ocp.args.JsonRestore()))
+                try:
+                    out = self._mngr.restore(s, args=ocp.args.Composite(
+                        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+                except ValueError as e:  # written with TrainState.key? (read it, then drop it)
+                    if "key" not in str(e):
+                        raise
+                    try:
+                        out = self._mngr.restore(s, args=ocp.args.Composite(
+                            state=ocp.args.StandardRestore(_legacy(abstract_state)), meta=ocp.args.JsonRestore()))
+                    except Exception:  # noqa: BLE001 - not a legacy checkpoint either: the first error says why
+                        raise e from None
                 meta = out["meta"]
                 agree.round()  # every process read step s (the fingerprint below is a collective)
                 if meta.get("step") != s or not _matches(fingerprint(out["state"]), meta["fingerprint"]):
                     raise ValueError("arrays do not match the fingerprint stored at save time")
                 agree.round()  # every process's arrays match
+                if isinstance(out["state"], LegacyTrainState):
+                    st = out["state"]
+                    out = {**out, "state": TrainState(params=st.params, opt_state=st.opt_state, step=st.step)}
             except Exception as e:  # noqa: BLE001 - any failure means "unreadable": fall back (every process)
                 reason = agree.fail(e)
                 self.failures[s] = reason

@@ -146,11 +146,6 @@ class AdvantageConfig:
         _check(self.eps >= 0, f"eps must be >= 0, got {self.eps}")
         _check(self.ddof in (0, 1), f"ddof must be 0 or 1, got {self.ddof}")
 
-    @property
-    def scale_by_std(self) -> bool:
-        """Whether Â divides by the group std: True for GRPO only (the flag this config had before ``kind``)."""
-        return self.kind == AdvantageKind.GRPO
-
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class LossConfig:
@@ -242,6 +237,12 @@ class CorrectionConfig:
     def enabled(self) -> bool:
         """Whether any correction is on (the step then feeds the behaviour log-probs to the loss)."""
         return self.is_level != CorrectionLevel.NONE or self.mask_level != CorrectionLevel.NONE
+
+
+# The rollout correction an asynchronous run (max_staleness > 0) gets unless it chooses one (the demo's
+# --correction auto, RecipeConfig.correction null): truncated token IS, C = 2, on the decoupled objective
+# (π_old recomputed = π_prox). Why this one: docs/design.md §5.1 ("Correction default").
+ASYNC_CORRECTION = CorrectionConfig(is_level=CorrectionLevel.TOKEN, is_cap=2.0)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

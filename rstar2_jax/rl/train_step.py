@@ -19,6 +19,9 @@ optional ``positions`` [B,T], ``segment_ids`` [B,T] (packing; 0 = padding), ``ol
 ``sampler_logp`` [B,T] (the engines' log-probs, π_behav: with ``"recompute"`` the step logs the
 sampler/trainer mismatch ``mismatch/*`` (``rl.mismatch``, a separate small jit, so the update's program
 is unchanged) and, with ``cfg.correction.enabled``, the loss's rollout correction reads it (``rl.correction``)).
+With ``"sampler"`` the same ``mismatch/*`` come from inside the update: its forward at the current
+weights (before the optimizer step, the trainer's π_old) against ``old_logp``, over the loss mask,
+summed over micro-batches (no extra pass).
 
 Sharding: params carry their ``NamedSharding`` (``model.shard_params``), the batch is split over
 ("data","fsdp") (:func:`shard_batch`), and the step is jitted with the state's shardings as in and
@@ -44,7 +47,7 @@ from rstar2_jax.distributed import put_global
 from rstar2_jax.model import batch_sharding, constrain, param_shardings, token_logprobs
 from rstar2_jax.rl.config import OptimConfig, RLConfig
 from rstar2_jax.rl.loss import policy_loss
-from rstar2_jax.rl.mismatch import mismatch_metrics
+from rstar2_jax.rl.mismatch import SUM_KEYS, combine_sums, mismatch_from_sums, mismatch_metrics, mismatch_sums
 
 Batch = dict[str, jax.Array]
 BATCH_KEYS = ("tokens", "targets", "loss_mask", "advantages")  # required
@@ -54,17 +57,13 @@ OPTIONAL_KEYS = ("positions", "segment_ids", "old_logp", "ref_logp", "sampler_lo
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass(frozen=True)
 class TrainState:
-    """Everything that changes during training (a pytree; checkpointed whole).
-
-    ``key`` is a raw ``uint32[2]`` PRNG key (``jax.random.PRNGKey``) that the step advances by one
-    split per update; the update itself is deterministic, the key is for the caller's sampling/RoC
-    seeds (see :func:`host_seed`) so that a resumed run draws the same numbers.
-    """
+    """Everything that changes during training (a pytree; checkpointed whole). The update is
+    deterministic: there is no PRNG key (the run's sampling and RoC seeds come from its step seed;
+    a checkpoint written when the state still had one restores, ``rl.checkpoint``)."""
 
     params: nnx.State  # θ
     opt_state: optax.OptState  # AdamW moments, step count and the current lr
     step: jax.Array  # int32 [], updates applied so far
-    key: jax.Array  # uint32 [2]
 
 
 def lr_schedule(cfg: OptimConfig) -> optax.Schedule:
@@ -95,42 +94,38 @@ def _is_var(x: Any) -> bool:
 
 def train_state_shardings(params: nnx.State, cfg: RLConfig, mesh: Mesh) -> TrainState:
     """A ``TrainState`` of ``NamedSharding``s: params by their logical axes, each optimizer moment
-    like its parameter, scalars and the key replicated."""
+    like its parameter, the step replicated."""
     opt = make_optimizer(cfg.optim)
     p_sh = param_shardings(params, mesh)
     rep = NamedSharding(mesh, P())
     abstract_opt = jax.eval_shape(opt.init, params)
     o_sh = optax.tree_map_params(opt, lambda _, s: s, abstract_opt, p_sh, transform_non_params=lambda _: rep,
                                  is_leaf=_is_var)
-    return TrainState(params=p_sh, opt_state=o_sh, step=rep, key=rep)
+    return TrainState(params=p_sh, opt_state=o_sh, step=rep)
 
 
-def init_train_state(params: nnx.State, cfg: RLConfig, key: int | jax.Array = 0, *,
+def init_train_state(params: nnx.State, cfg: RLConfig, seed: Any = None, *,
                      mesh: Mesh | None = None) -> TrainState:
     """Fresh state: optimizer moments zero, step 0. With ``mesh`` everything is placed with
-    :func:`train_state_shardings` (params are resharded if needed)."""
-    key = jax.random.PRNGKey(key) if isinstance(key, (int, np.integer)) else jnp.asarray(key, jnp.uint32)
+    :func:`train_state_shardings` (params are resharded if needed). ``seed`` is ignored (the state
+    holds no PRNG key since the update never read it; kept so that callers passing one still work)."""
+    del seed
     opt = make_optimizer(cfg.optim)
 
-    def init(p, k):  # copy: the step donates the state, which must not free the caller's params
+    def init(p):  # copy: the step donates the state, which must not free the caller's params
         p = jax.tree.map(jnp.copy, p)
-        return TrainState(params=p, opt_state=opt.init(p), step=jnp.zeros((), jnp.int32), key=k)
+        return TrainState(params=p, opt_state=opt.init(p), step=jnp.zeros((), jnp.int32))
     if mesh is None:
-        return jax.jit(init)(params, key)
+        return jax.jit(init)(params)
     sh = train_state_shardings(params, cfg, mesh)
-    return jax.jit(init, in_shardings=(sh.params, sh.key), out_shardings=sh)(params, key)
+    return jax.jit(init, in_shardings=(sh.params,), out_shardings=sh)(params)
 
 
 def reset_optimizer(state: TrainState, cfg: RLConfig) -> TrainState:
-    """Zero the AdamW moments and count, keeping params, step and key (recipe stage 3, paper §4.2).
+    """Zero the AdamW moments and count, keeping params and step (recipe stage 3, paper §4.2).
     Shardings follow the params (moments are created like their parameters)."""
     opt = make_optimizer(cfg.optim)
     return dataclasses.replace(state, opt_state=opt.init(state.params))
-
-
-def host_seed(key: jax.Array) -> int:
-    """A non-negative int seed (e.g. ``key`` of ``rl.roc.roc_downsample``) drawn from ``key``."""
-    return int(jax.random.randint(key, (), 0, np.iinfo(np.int32).max))
 
 
 def shard_batch(batch: dict[str, Any], mesh: Mesh | None) -> Batch:
@@ -173,7 +168,9 @@ def split_micro(batch: Batch, micro_batch_size: int | None) -> tuple[Batch, int]
 
 
 def micro_loss_and_grad(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, cfg: RLConfig):
-    """((S_k, D_k), metrics_k), ∇_θ S_k for one micro-batch (``rl.loss`` for S, D)."""
+    """((S_k, D_k), metrics_k), ∇_θ S_k for one micro-batch (``rl.loss`` for S, D). With
+    ``old_logp_source="sampler"`` the metrics carry ``mismatch_sums`` of the forward's log-probs
+    (the current weights') against the sampler's ``old_logp``, under ``"mismatch_sums"``."""
     def s_fn(p):
         out = batch_logprobs(graphdef, p, mb, chunk_size=cfg.logprob_chunk_size, with_entropy=cfg.with_entropy,
                              temperature=cfg.temperature)
@@ -181,6 +178,9 @@ def micro_loss_and_grad(graphdef: nnx.GraphDef, params: nnx.State, mb: Batch, cf
         (s, d), metrics = policy_loss(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"], cfg.loss, ent,
                                       segment_ids_bt=mb.get("segment_ids"), ref_logp_bt=mb.get("ref_logp"),
                                       behav_logp_bt=mb.get("sampler_logp"), correction=cfg.correction)
+        if cfg.old_logp_source == "sampler":  # the trainer's π_old is this forward: the mismatch for free
+            metrics = {**metrics, "mismatch_sums": mismatch_sums(mb["old_logp"], jax.lax.stop_gradient(logp),
+                                                                 mb["loss_mask"], mb.get("segment_ids"))}
         return s, (d, metrics)
     (s, (d, metrics)), grads = jax.value_and_grad(s_fn, has_aux=True)(params)
     return (s, d), metrics, grads
@@ -196,9 +196,12 @@ def _accumulate(graphdef, params, batch: Batch, cfg: RLConfig):
         (s, d), m, g = micro_loss_and_grad(graphdef, params, mb, cfg)
         g_acc = jax.tree.map(lambda a, b: a + b.astype(jnp.float32), g_acc, g)
         w = m["n_tokens"]  # metrics are token means: weight by tokens, divide by Σ tokens at the end
-        m_acc = {k: (jnp.maximum(m_acc[k], v) if k == "ratio_max" else m_acc[k] + (v if k == "n_tokens" else v * w))
-                 for k, v in m.items()}
-        return s_acc + s, d_acc + d, g_acc, m_acc
+        mm = m.pop("mismatch_sums", None)
+        acc = {k: (jnp.maximum(m_acc[k], v) if k == "ratio_max" else m_acc[k] + (v if k == "n_tokens" else v * w))
+               for k, v in m.items()}
+        if mm is not None:  # the in-step mismatch's sums (old_logp_source="sampler")
+            acc["mismatch_sums"] = combine_sums(m_acc["mismatch_sums"], mm)
+        return s_acc + s, d_acc + d, g_acc, acc
 
     def body(carry, mb):  # a micro-batch with no trained token adds exactly nothing: skip its passes
         return jax.lax.cond(jnp.any(mb["loss_mask"] > 0), run, lambda c, _: c, carry, mb), None
@@ -209,9 +212,14 @@ def _accumulate(graphdef, params, batch: Batch, cfg: RLConfig):
                                                ref_logp_bt=jnp.zeros(bt) if cfg.loss.uses_reference else None,
                                                behav_logp_bt=jnp.zeros(bt), correction=cfg.correction)[1])
     m0 = {k: jnp.full((), -jnp.inf if k == "ratio_max" else 0.0, jnp.float32) for k in names}
+    if cfg.old_logp_source == "sampler":
+        m0["mismatch_sums"] = {k: jnp.zeros((), jnp.float32) for k in SUM_KEYS}
     (s, d, g, m), _ = jax.lax.scan(body, (jnp.zeros(()), jnp.zeros(()), zeros, m0), micro, length=n)
+    mm = m.pop("mismatch_sums", None)
     n_tok = jnp.maximum(m["n_tokens"], 1.0)
     metrics = {k: (v if k in ("ratio_max", "n_tokens") else v / n_tok) for k, v in m.items()}
+    if mm is not None:
+        metrics.update({f"mismatch/{k}": v for k, v in mismatch_from_sums(mm).items()})
     return s, d, g, metrics
 
 
@@ -230,8 +238,7 @@ def train_step(state: TrainState, batch: Batch, *, graphdef: nnx.GraphDef, cfg: 
     params = optax.apply_updates(state.params, updates)
     metrics.update(loss=s / d_safe, loss_sum=s, loss_denom=d, grad_norm=optax.tree.norm(grads),
                    update_norm=optax.tree.norm(updates), lr=opt_state.hyperparams["learning_rate"])
-    new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1,
-                           key=jax.random.split(state.key)[0])
+    new_state = TrainState(params=params, opt_state=opt_state, step=state.step + 1)
     return new_state, metrics
 
 

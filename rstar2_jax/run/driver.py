@@ -388,8 +388,14 @@ def rl_rows(rows: Sequence[dict]) -> list[dict]:
     return [r for r in rows if r.get("stage") not in ("sft", "filter") and "reward" in r]
 
 
-def write_plots(rows: Sequence[dict], out: Path) -> None:
-    if is_main_process():
-        from rstar2_jax.utils.metrics import plot_metrics
+DEFAULT_PLOT = (("reward", "train reward (2G rollouts)"),)  # drawn (empty) when nothing was recorded
 
-        plot_metrics([r for r in rows if r.get("stage") not in ("sft", "filter")], out / "metrics.png")
+
+def write_plots(rows: Sequence[dict], out: Path) -> None:
+    """``<out>/metrics.png`` (process 0): a panel per default metric that was recorded in ``rows``
+    (``utils.metrics.DEFAULT_PANELS``; e.g. no held-out panel in a run without evaluation)."""
+    if is_main_process():
+        from rstar2_jax.utils.metrics import plot_metrics, recorded_panels
+
+        rl = [r for r in rows if r.get("stage") not in ("sft", "filter")]
+        plot_metrics(rl, out / "metrics.png", panels=recorded_panels(rl) or DEFAULT_PLOT)

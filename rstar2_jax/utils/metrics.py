@@ -190,22 +190,34 @@ DEFAULT_PANELS = (
     ("truncation_rate", "truncation rate"),
     ("train/mismatch/abs_mean", "sampler vs trainer mean |Δ log p|"),
     ("train/mismatch/k3", "sampler vs trainer KL (k3)"),
+    ("train/mismatch/frac_abs_gt_0.1", "sampler vs trainer: tokens with |Δ log p| > 0.1"),
 )
 
 
+def recorded_panels(rows: Sequence[dict[str, Any]], panels=DEFAULT_PANELS) -> tuple:
+    """The ``panels`` whose metric has a value in some row (the others would be empty axes)."""
+    return tuple((k, t) for k, t in panels if any(r.get(k) is not None and "step" in r for r in rows))
+
+
 def plot_metrics(rows: Sequence[dict[str, Any]], path: str | Path, panels=DEFAULT_PANELS) -> Path:
-    """One PNG with a panel per metric against ``step`` (missing values skipped)."""
+    """One PNG with a panel per metric against ``step`` (missing values skipped; a metric never
+    recorded gets a panel that says so: pass ``recorded_panels(rows)`` to leave it out)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, math.ceil(len(panels) / 2), figsize=(4 * math.ceil(len(panels) / 2), 6.5))
+    cols = max(1, math.ceil(len(panels) / 2))
+    fig, axes = plt.subplots(2, cols, figsize=(4 * cols, 6.5), squeeze=False)
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)  # an odd panel count leaves one axis: not drawn
     for ax, (key, title) in zip(axes.ravel(), panels):
         pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None and "step" in r]
         if pts:
             xs, ys = zip(*pts)
             ax.plot(xs, ys, marker="o", ms=3)
+        else:
+            ax.text(0.5, 0.5, "not recorded", ha="center", va="center", transform=ax.transAxes, color="0.5")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)

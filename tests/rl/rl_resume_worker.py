@@ -2,8 +2,8 @@
 
   python rl_resume_worker.py straight DIR OUT  -> 3 steps, checkpoint after step 2, dump after 3
   python rl_resume_worker.py resume   DIR OUT  -> fresh objects restore step 2, 1 step, dump
-Each step's batch comes from the data cursor and the state's PRNG key (``host_seed``), so the
-resumed run matches only if params, optimizer state, step, key and cursor all come back.
+Each step's batch comes from the data cursor and the state's step (the "sampling" noise), so the
+resumed run matches only if params, optimizer state, step and cursor all come back.
 """
 
 import os
@@ -22,18 +22,18 @@ from rstar2_jax.config import MeshConfig, ModelConfig  # noqa: E402
 from rstar2_jax.model import Qwen3, make_mesh, shard_params, split_policy  # noqa: E402
 from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state  # noqa: E402
 from rstar2_jax.rl.config import OptimConfig, RLConfig  # noqa: E402
-from rstar2_jax.rl.train_step import host_seed, init_train_state, make_train_step, shard_batch  # noqa: E402
+from rstar2_jax.rl.train_step import init_train_state, make_train_step, shard_batch  # noqa: E402
 
 B, T = 8, 16
 CFG = dataclasses.replace(RLConfig.tiny(), micro_batch_size=4, optim=OptimConfig(lr=1e-3, warmup_steps=2))
 
 
-def make_batch(cursor: int, key) -> dict:
+def make_batch(cursor: int, step: int) -> dict:
     data = np.random.default_rng(cursor)  # the "dataset" row block at this cursor
     tok = data.integers(0, 128, (B, T + 1)).astype(np.int32)
     mask = np.ones((B, T), np.float32)
     mask[:, :3] = 0
-    adv = np.random.default_rng(host_seed(key)).normal(size=B).astype(np.float32)  # "sampling" noise
+    adv = np.random.default_rng([1, step]).normal(size=B).astype(np.float32)  # "sampling" noise
     return dict(tokens=tok[:, :-1], targets=tok[:, 1:], loss_mask=mask, advantages=adv)
 
 
@@ -52,7 +52,7 @@ def main(mode: str, ckpt_dir: str, out: str) -> None:
         assert RLConfig.from_json_dict(restored.config) == CFG
         state, cursor, n_steps = restored.state, restored.data_cursor["cursor"], 1
     for _ in range(n_steps):
-        state, metrics = step_fn(state, shard_batch(make_batch(cursor, state.key), mesh))
+        state, metrics = step_fn(state, shard_batch(make_batch(cursor, int(state.step)), mesh))
         cursor += 1
         if mode == "straight" and int(state.step) == 2:
             ckpt.save(state, data_cursor={"cursor": cursor}, config=CFG, metrics=metrics)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from rstar2_jax.rl.advantages import compute_advantages, group_advantages, token_advantages
+from rstar2_jax.rl.advantages import compute_advantages, group_advantages
 from rstar2_jax.rl.config import AdvantageConfig, AdvantageKind, RLConfig
 
 
@@ -31,14 +31,6 @@ def test_dr_grpo_no_std():
 
 def test_equal_rewards_and_singletons_give_zero():
     np.testing.assert_allclose(group_advantages([1, 1, 0], [0, 0, 1]), [0, 0, 0])
-
-
-def test_token_advantages_broadcast_with_mask():
-    adv = np.array([2.0, -1.0])
-    mask = np.array([[0, 1, 1], [1, 1, 0]], np.float32)
-    np.testing.assert_allclose(token_advantages(adv, mask), [[0, 2, 2], [-1, -1, 0]])
-    with pytest.raises(ValueError):
-        token_advantages(adv, mask[:1])
 
 
 def test_rloo_leave_one_out():

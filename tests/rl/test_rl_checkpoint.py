@@ -15,7 +15,7 @@ from flax import nnx
 
 from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
-from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
+from rstar2_jax.rl.checkpoint import Checkpointer, LegacyTrainState, abstract_train_state
 from rstar2_jax.rl.config import RLConfig
 from rstar2_jax.rl.train_step import init_train_state
 
@@ -36,7 +36,7 @@ def _run(mode, ckpt_dir, out):
 
 def test_resume_in_fresh_process_matches_straight_run(tmp_path):
     # straight: steps 1, 2, save, 3.  resume: new process restores step 2 (params, AdamW state,
-    # step, key, data cursor, config) and does step 3. Same program, same mesh -> bit-identical.
+    # step, data cursor, config) and does step 3. Same program, same mesh -> bit-identical.
     straight = _run("straight", tmp_path / "ckpt", tmp_path / "straight.npz")
     resumed = _run("resume", tmp_path / "ckpt", tmp_path / "resumed.npz")
     assert sorted(straight.files) == sorted(resumed.files)
@@ -96,3 +96,19 @@ def test_restore_from_empty_directory_is_none(tmp_path, small_state):
     _, params, cfg = small_state
     with Checkpointer(tmp_path / "none") as ckpt:
         assert ckpt.restore(abstract_train_state(params, cfg)) is None
+
+
+def test_checkpoint_written_with_the_old_prng_key_restores(tmp_path, small_state):
+    # TrainState had a uint32[2] key (advanced, saved, never read) until it was removed: such a
+    # checkpoint still restores, its key dropped; the fingerprint (computed with the key) still checks
+    state, params, cfg = small_state
+    old = LegacyTrainState(params=state.params, opt_state=state.opt_state, step=jnp.asarray(4, jnp.int32),
+                           key=jnp.asarray([7, 9], jnp.uint32))
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        ckpt.save(old, data_cursor=5, config=cfg)
+    with Checkpointer(tmp_path / "ckpt") as ckpt:
+        restored = ckpt.restore_latest(abstract_train_state(params, cfg))
+    assert type(restored.state).__name__ == "TrainState" and not hasattr(restored.state, "key")
+    assert (restored.step, int(restored.state.step), restored.data_cursor) == (4, 4, 5)
+    for a, b in zip(jax.tree.leaves(restored.state.params), jax.tree.leaves(state.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
