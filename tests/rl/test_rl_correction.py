@@ -173,3 +173,21 @@ def test_correction_config_validation_and_default_off():
     rl = RLConfig(correction=CorrectionConfig(is_level="token", mask_level="geometric"))
     assert RLConfig.from_json_dict(rl.to_json_dict()) == rl and hash(rl) == hash(RLConfig.from_json_dict(rl.to_json_dict()))
     assert RLConfig.from_json_dict({k: v for k, v in RLConfig().to_json_dict().items() if k != "correction"}) == RLConfig()
+
+
+def test_async_runs_default_to_truncated_token_is():
+    """RecipeConfig.correction null (the default): off when synchronous, ASYNC_CORRECTION (token TIS, C = 2)
+    when max_staleness > 0 with π_old recomputed; an explicit component, {} included, wins (docs/design.md §5.1)."""
+    from rstar2_jax.recipe import RecipeConfig
+    from rstar2_jax.rl.config import ASYNC_CORRECTION
+
+    assert (ASYNC_CORRECTION.is_level, ASYNC_CORRECTION.is_cap, ASYNC_CORRECTION.mask_level) == ("token", 2.0, "none")
+    assert RecipeConfig().correction is None and not RecipeConfig().rl_config().correction.enabled
+    assert RecipeConfig(max_staleness=1).rl_config().correction == ASYNC_CORRECTION
+    assert not RecipeConfig(max_staleness=1, old_logp_source="sampler").rl_config().correction.enabled
+    assert not RecipeConfig(max_staleness=1, correction={}).rl_config().correction.enabled  # the user's choice
+    geo = RecipeConfig(max_staleness=2, correction={"mask_level": "geometric"}).rl_config().correction
+    assert (geo.is_level, geo.mask_level) == ("none", "geometric")
+    cfg = RecipeConfig(max_staleness=1)
+    assert RecipeConfig.from_saved(cfg.to_json()).rl_config().correction == ASYNC_CORRECTION  # null round-trips
+    assert not RecipeConfig.dry_run(max_staleness=1).rl_config().correction.enabled  # scripted: nothing to correct
