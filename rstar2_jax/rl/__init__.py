@@ -22,7 +22,7 @@ _LAZY = {
     "correction_terms": "correction", "decoupled_token_losses": "correction",
     "TrainState": "train_step", "make_optimizer": "train_step", "init_train_state": "train_step",
     "make_train_step": "train_step", "make_logprob_fn": "train_step", "reset_optimizer": "train_step",
-    "train_state_shardings": "train_step", "shard_batch": "train_step", "host_seed": "train_step",
+    "train_state_shardings": "train_step", "shard_batch": "train_step",
     "lr_schedule": "train_step", "Checkpointer": "checkpoint", "abstract_train_state": "checkpoint",
 }
 
