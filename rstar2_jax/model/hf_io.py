@@ -287,11 +287,12 @@ class _TensorReader:
                 raise CheckpointError(f"{self.info.file}: short read at byte {offset + pos}")
             pos += got
 
-    def box(self, box: tuple[slice, ...], scratch: _Scratch | None = None) -> np.ndarray:
+    def box(self, box: tuple[slice, ...], scratch: _Scratch | None = None, into_scratch: bool = False) -> np.ndarray:
         """``tensor[box]`` (contiguous slices, one per dim): whole rows of dim 0 read in runs of about
         ``READ_CHUNK_BYTES`` (into ``scratch``'s ``"chunk"`` buffer when given), the other dims sliced
         from each run (read directly when full). The result is a fresh array (it may become a device
-        buffer)."""
+        buffer), or with ``into_scratch`` a view of ``scratch``'s ``"raw"`` buffer (valid until the
+        next call; copy it before it goes to a device)."""
         shape = self.info.shape
         if not shape:
             out = np.empty((), self.dtype)
@@ -302,7 +303,9 @@ class _TensorReader:
         rest_idx = [s.indices(n)[:2] for s, n in zip(rest, shape[1:])]
         row_items = math.prod(shape[1:])
         row_bytes = row_items * self.dtype.itemsize
-        out = _host_empty((r1 - r0, *(b - a for a, b in rest_idx)), self.dtype)
+        out_shape = (r1 - r0, *(b - a for a, b in rest_idx))
+        out = (scratch.array("raw", out_shape, self.dtype) if into_scratch and scratch is not None
+               else _host_empty(out_shape, self.dtype))
         if out.size == 0:
             return out
         if all((a, b) == (0, n) for (a, b), n in zip(rest_idx, shape[1:])):
@@ -322,9 +325,10 @@ class _TensorReader:
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def _cast(host: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """``host`` as a C-contiguous ``dtype`` array: itself, or one copy (layout transpose and cast)."""
-    if host.flags.c_contiguous and host.dtype == dtype:
+def _cast(host: np.ndarray, dtype: np.dtype, copy: bool = False) -> np.ndarray:
+    """``host`` as a C-contiguous ``dtype`` array: itself (unless ``copy``), or one copy (the layout
+    transpose and the cast together)."""
+    if host.flags.c_contiguous and host.dtype == dtype and not copy:
         return host
     out = _host_empty(host.shape, dtype)
     np.copyto(out, host, casting="unsafe")
@@ -403,8 +407,10 @@ def load_hf(path: str | Path, *, mesh: Mesh | None = None, dtype: str | None = N
             sharding = sharding_leaves.get(key)
             if sharding is None:
                 return jnp.asarray(_cast(layout.read(lambda box: reader.box(box, scratch), ()), pdt))
-            return _place(tuple(leaf.shape), sharding, pdt,
-                          lambda idx: layout.read(lambda box: reader.box(box, scratch), idx))
+            # a slice that is transposed or cast is read into the reused raw buffer, then copied once
+            copy = reader.dtype != pdt or layout.perm != tuple(sorted(layout.perm))
+            return _place(tuple(leaf.shape), sharding, pdt, lambda idx: _cast(
+                layout.read(lambda box: reader.box(box, scratch, into_scratch=copy), idx), pdt, copy=copy))
         finally:
             reader.close()
 
