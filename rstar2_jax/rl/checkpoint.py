@@ -17,9 +17,12 @@ Several processes (multi-controller JAX): every process constructs the ``Checkpo
 (shared) directory and calls ``save`` / ``restore`` in the same order with its global arrays; orbax
 writes each array shard once and the JSON meta from process 0 only. Every process restores the same
 step: the processes all-gather the steps each one lists and try only those every one lists (newest
-first; a step some process lacks is a failure naming each process's steps, :func:`common_steps`), and
-after each step's read and again after its fingerprint check they all-gather each one's outcome: a step
-that fails on any process is skipped on all, with that process's reason (:func:`combined_reason`).
+first; a step some process lacks, or whose files it sees broken before any collective read, is a failure
+naming each process's steps or reason, :func:`common_steps`), and after each step's read and again after
+its fingerprint check they all-gather each one's outcome: a step that fails on any process is skipped on
+all, with that process's reason (:func:`combined_reason`). Orbax's restore is itself a collective: a
+process that fails inside it alone leaves the others in it (JAX then aborts, loudly); the file check
+before it catches what one process can see by itself (a missing step folder, a garbled or foreign meta).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import json
 import logging
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Mapping, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -116,20 +119,27 @@ def _matches(a: list[list[float]], b: list[list[float]], rtol: float = 1e-4) -> 
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= rtol * scale))
 
 
-def common_steps(steps_by_process: Sequence[Iterable[int]]) -> tuple[list[int], dict[int, str]]:
-    """The steps every process can try, newest first, and ``{step: why not}`` for each step that only
-    some processes list (naming each process's steps). ``steps_by_process[i]``: process ``i``'s steps."""
+def common_steps(steps_by_process: Sequence[Iterable[int]],
+                 problems_by_process: Sequence[Mapping[int, str]] | None = None) -> tuple[list[int], dict[int, str]]:
+    """The steps every process can try, newest first, and ``{step: why not}`` for each other step: one
+    only some processes list (naming each process's steps), or one a process found broken by itself.
+    ``steps_by_process[i]``: process ``i``'s steps; ``problems_by_process[i]``: ``{step: reason}`` of
+    those it cannot use (JSON keys may be strings)."""
     listed = [sorted({int(s) for s in steps}) for steps in steps_by_process]
     if not listed:
         return [], {}
+    problems = [{int(s): r for s, r in (p or {}).items()} for p in (problems_by_process or [{}] * len(listed))]
     common = set(listed[0]).intersection(*listed[1:])
     every = sorted(set().union(*listed), reverse=True)
-    if len(listed) == 1:
-        return every, {}
     held = ", ".join(f"process {i}: {steps}" for i, steps in enumerate(listed))
-    skipped = {s: f"not on every process (lacking: {', '.join(str(i) for i, st in enumerate(listed) if s not in st)};"
-                  f" the steps each process lists: {held})" for s in every if s not in common}
-    return [s for s in every if s in common], skipped
+    skipped = {}
+    for s in every:
+        if s not in common:
+            skipped[s] = (f"not on every process (lacking: {', '.join(str(i) for i, st in enumerate(listed) if s not in st)}"
+                          f"; the steps each process lists: {held})")
+        elif any(s in p for p in problems):
+            skipped[s] = combined_reason([p.get(s) for p in problems])
+    return [s for s in every if s not in skipped], skipped
 
 
 def combined_reason(reasons: Sequence[str | None]) -> str | None:
@@ -228,6 +238,24 @@ class Checkpointer:
         """The JSON record of checkpoint ``step`` alone (no arrays are read); raises when unreadable."""
         return self._mngr.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
 
+    def _local_problem(self, step: int) -> str | None:
+        """What this process sees wrong with checkpoint ``step`` from its files alone (no collective: the
+        processes agree on it before orbax's collective read); None when nothing (the arrays are checked
+        by the read and the fingerprint)."""
+        folder = self.directory / str(step)
+        if not folder.is_dir():
+            return f"its folder {folder} is missing here"
+        meta = folder / "meta" / "metadata"
+        if not meta.exists():
+            return None  # another layout: the read decides
+        try:
+            got = json.loads(meta.read_text())
+        except (OSError, ValueError) as e:
+            return f"its meta is unreadable here ({_reason(e)})"
+        if not isinstance(got, dict) or got.get("step") != step:
+            return f"its meta is another step's ({got.get('step') if isinstance(got, dict) else type(got).__name__!r})"
+        return None
+
     def restore_latest(self, abstract_state: TrainState) -> Restored:
         """:meth:`restore`, but no checkpoint that restores is an error naming the folder and the
         reason of every step tried (missing, garbled, shapes that differ from ``abstract_state``)."""
@@ -243,8 +271,12 @@ class Checkpointer:
         """Newest (or ``step``'s, then older) checkpoint that loads and passes the fingerprint check."""
         self.wait()
         self.failures = {}
-        # every process the same steps, newest first (a step only some list: a failure naming who has what)
-        steps, skipped = common_steps(allgather_json([s for s in self.all_steps() if step is None or s <= step]))
+        # every process the same steps, newest first (a step only some list, or one a process sees broken by itself:
+        # a failure naming who has what, or why); the file check only with several processes (one: orbax says why)
+        mine = [s for s in self.all_steps() if step is None or s <= step]
+        broken = {s: why for s in mine if (why := self._local_problem(s))} if jax.process_count() > 1 else {}
+        everyone = allgather_json([mine, broken])
+        steps, skipped = common_steps([m for m, _ in everyone], [b for _, b in everyone])
         for s, why in skipped.items():
             self.failures[s] = why
             warnings.warn(f"checkpoint step {s} in {self.directory}: {why}", RuntimeWarning, stacklevel=2)
