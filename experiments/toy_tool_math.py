@@ -298,8 +298,10 @@ def save_sft_cache(args, state, sft_cfg: SFTConfig, log: list[dict]) -> None:
 
 
 def run_config(args: argparse.Namespace) -> dict:
-    """The settings that define the run (compared on --resume): every flag but the run-control ones."""
-    return {k: v for k, v in vars(args).items() if k not in ("resume", "no_progress", "allow_changed", "log")}
+    """The settings that define the run (compared on --resume): every flag but the run-control ones
+    (``correction`` only when on, so a run saved before the flag existed resumes when it is off)."""
+    return {k: v for k, v in vars(args).items() if k not in ("resume", "no_progress", "allow_changed", "log")
+            and (k, v) != ("correction", "none")}
 
 
 def main(argv: list[str] | None = None) -> dict:
