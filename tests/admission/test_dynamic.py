@@ -204,11 +204,13 @@ class _NoExport:
 
 
 @pytest.mark.parametrize("failing_export", [False, True], ids=["cannot-export", "export-fails"])
-def test_dispatcher_migrates_a_trajectory_off_the_slow_engine(failing_export):
+def test_dispatcher_migrates_a_trajectory_off_the_slow_engine(failing_export, monkeypatch):
     from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
     from rstar2_jax.rollout.template import TemplateConfig
     from rstar2_jax.tokenizer import ByteTokenizer
-    from tests.rollout.fakes import ScriptedEngine
+    from tests.rollout.fakes import ScriptedEngine, StepClock
+
+    clock = StepClock().install(monkeypatch)  # the measured step speeds are the nominal 50 ms / 1 ms, not wall time
 
     Engine = type("FailingExport", (_NoExport, ScriptedEngine), {}) if failing_export else ScriptedEngine
 
@@ -224,8 +226,8 @@ def test_dispatcher_migrates_a_trajectory_off_the_slow_engine(failing_export):
             self.id, self.problem, self.answer = f"p{i}", f"What is {i}?", "1"
 
     def run(migrate):
-        engines = [Engine(tok, script, num_slots=4, step_s=0.05),  # slow
-                   Engine(tok, script, num_slots=4)]
+        engines = [Engine(tok, script, num_slots=4, step_s=0.05, clock=clock),  # slow
+                   Engine(tok, script, num_slots=4, clock=clock)]
         cfg = RolloutConfig(n_samples=2, budget=256, template=tpl,
                             admission=AdmissionConfig(policy="dynamic", migrate=migrate))
         return Dispatcher(engines, InstantPool(), tok, cfg).run([P(0), P(1)]), engines

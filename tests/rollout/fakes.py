@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
+import types
 from typing import Callable
 
 from rstar2_jax.sampling import EngineStats, StopEvent
@@ -17,6 +19,30 @@ class _Cfg:
     prefill_chunk: int = 0  # 0: unknown (one step per prefill)
 
 
+class StepClock:
+    """A ``perf_counter`` per thread that each scripted step advances by its nominal seconds (``step_s``,
+    or 1 ms for a fast engine), installed in ``rollout.worker`` (which times each ``engine.step()``): the
+    step speeds the dispatcher measures are then the nominal ones on any machine, loaded or not (each
+    worker runs its engine in a thread of its own)."""
+
+    FAST_S = 0.001
+
+    def __init__(self):
+        self.local = threading.local()
+
+    def perf_counter(self) -> float:
+        return getattr(self.local, "t", 0.0)
+
+    def advance(self, dt: float) -> None:
+        self.local.t = self.perf_counter() + dt
+
+    def install(self, monkeypatch) -> "StepClock":
+        import rstar2_jax.rollout.worker as worker
+
+        monkeypatch.setattr(worker, "time", types.SimpleNamespace(perf_counter=self.perf_counter))
+        return self
+
+
 class ScriptedEngine:
     """``script(problem_tokens, child_index, turn_index) -> turn text``; one whole turn per step
     (each step sleeps ``step_s``: a slower engine). A migrated trajectory arrives as a fresh
@@ -28,8 +54,9 @@ class ScriptedEngine:
 
     def __init__(self, tokenizer, script: Callable[[list[int], int, int], str], *, honor_stops: bool = True,
                  num_pages: int = 1024, page_size: int = 16, max_seq_len: int = 4096, num_slots: int = 0,
-                 step_s: float = 0.0, logprob: float = -0.5):
+                 step_s: float = 0.0, logprob: float = -0.5, clock: StepClock | None = None):
         self.tok, self.script, self.honor_stops, self.step_s = tokenizer, script, honor_stops, step_s
+        self.clock = clock  # advanced by each step's nominal seconds (StepClock)
         self.logprob = logprob  # every emitted token's sampler log-prob (NaN: not drawn, as ScriptedPolicy's)
         self.cfg = _Cfg(page_size, max_seq_len, num_slots)
         self.num_pages = num_pages
@@ -88,7 +115,9 @@ class ScriptedEngine:
 
     def step(self) -> list[StopEvent]:
         if self.step_s:
-            time.sleep(self.step_s)  # a slower device
+            time.sleep(self.step_s)  # a slower device (really: the fast engine runs out of work first)
+        if self.clock is not None:
+            self.clock.advance(self.step_s or StepClock.FAST_S)
         events = []
         for sid in self._active:
             s = self._seqs[sid]

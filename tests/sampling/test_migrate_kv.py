@@ -6,9 +6,7 @@ The seconds per step the dispatcher measures (``rollout.worker``: ``perf_counter
 (slow: 51 ms, fast: 1 ms), not from the wall clock: on a loaded machine the fast engine's real steps
 can be as slow as the slow one's, and the dispatcher would then see no straggler to move."""
 
-import threading
 import time
-import types
 
 import jax
 from flax import nnx
@@ -21,7 +19,7 @@ from rstar2_jax.sampling.scripted import ScriptedPolicy
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sampling import EngineConfig, PagedEngine
 from rstar2_jax.tokenizer import ByteTokenizer
-from tests.rollout.fakes import InstantPool
+from tests.rollout.fakes import InstantPool, StepClock
 
 TOK, TPL = ByteTokenizer(), TemplateConfig.toy()
 CALL = '<tool_call>{"name": "python", "arguments": {"code": "print(1)", "input": ""}}</tool_call>'
@@ -43,21 +41,7 @@ class _Slow(ScriptedPolicy):
         return super().step()
 
 
-class _StepClock:
-    """``perf_counter`` of each thread (each rollout worker runs its engine in a thread of its own): the sum of
-    the nominal seconds of the steps that thread ran."""
-
-    def __init__(self):
-        self.local = threading.local()
-
-    def perf_counter(self):
-        return getattr(self.local, "t", 0.0)
-
-    def advance(self, dt):
-        self.local.t = self.perf_counter() + dt
-
-
-STEP_CLOCK = _StepClock()
+STEP_CLOCK = StepClock()
 
 
 class _P:
@@ -70,9 +54,7 @@ def _script(prompt, child, turn):
 
 
 def test_kv_migration_moves_the_straggler_and_recomputes_nothing(monkeypatch):
-    import rstar2_jax.rollout.worker as worker
-
-    monkeypatch.setattr(worker, "time", types.SimpleNamespace(perf_counter=STEP_CLOCK.perf_counter))
+    STEP_CLOCK.install(monkeypatch)
     mcfg = ModelConfig.tiny(vocab_size=TOK.vocab_size)
     graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(0)))
     devices = jax.devices()[:2]
