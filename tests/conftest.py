@@ -2,7 +2,9 @@
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from rstar2_jax.utils.xla_flags import force_host_device_count  # noqa: E402  (no JAX)
+
+force_host_device_count(8, who="conftest.py")  # added to the user's XLA_FLAGS, not replacing them
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 

@@ -14,7 +14,9 @@ whether params had shards on other processes).
 import os
 import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+from rstar2_jax.utils.xla_flags import force_host_device_count  # noqa: E402  (no JAX)
+
+force_host_device_count(4, who="multiprocess_worker.py")  # added to the user's XLA_FLAGS, not replacing them
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402

@@ -15,7 +15,9 @@ writes ``OUT_DIR/proc{i}.json``.
 import os
 import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+from rstar2_jax.utils.xla_flags import force_host_device_count  # noqa: E402  (no JAX)
+
+force_host_device_count(4, who="hf_io_worker.py")  # added to the user's XLA_FLAGS, not replacing them
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 from rstar2_jax import distributed  # noqa: E402

@@ -9,7 +9,9 @@ resumed run matches only if params, optimizer state, step and cursor all come ba
 import os
 import sys
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from rstar2_jax.utils.xla_flags import force_host_device_count  # noqa: E402  (no JAX)
+
+force_host_device_count(8, who="rl_resume_worker.py")  # added to the user's XLA_FLAGS, not replacing them
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import dataclasses  # noqa: E402
