@@ -23,6 +23,7 @@ from rstar2_jax.rollout.trajectory import Trajectory
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 from rstar2_jax.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
+from tests.rollout.test_versions import _forwarding, _push_and_wait, _PushOnStep
 from tests.test_learner import P, script
 
 TOK = ByteTokenizer()
@@ -161,30 +162,56 @@ def test_lookahead_zero_equals_rl_step(policy, pool):
     assert _params_sum(la) == _params_sum(learner)
 
 
+class _PushAfterFirstStep(_PushOnStep):
+    """Steps only once it holds all ``whole`` samples of the batch (before, ``has_work`` is False: the
+    worker waits on its commands for the other groups' submits), then pushes from inside its first step
+    (``_PushOnStep``, which waits until the dispatcher has forwarded the swap): that step is every sample's
+    first turn, at the old weights, and the swap is applied before the next step (a count, not a time)."""
+
+    def __init__(self, *a, whole: int, **kw):
+        super().__init__(*a, at=1, **kw)
+        self.whole = whole
+
+    def has_work(self) -> bool:
+        return self._next >= self.whole and super().has_work()
+
+
+# per problem (``tests.test_learner.script``): turn 0 "go<tool_call>...</tool_call>" is 94 tokens, 93 for
+# children 0 and 3 (their call "6*" is one byte shorter); turn 1 is 16 tokens, 19 for child 3 (its extra answer)
+TURN0_TOKENS, TURN1_TOKENS = 2 * 94 + 2 * 93, 3 * 16 + 19
+
+
 def test_inflight_push_reaches_a_running_batch_and_stamps_versions(pool):
     """``Rollout.push`` while a batch runs: the workers swap between steps; each token carries the version
-    that sampled it (a trajectory may span both), versions never go down within a trajectory."""
-    import threading
-
+    that sampled it, so here every trajectory spans both (its first turn sampled before the swap, its second
+    after) and versions never go down within a trajectory. The push lands deterministically after the first
+    step (``_PushAfterFirstStep``); the only wait is a synchronisation with a failing timeout."""
     rcfg = RolloutConfig(n_samples=4, budget=300, template=TemplateConfig.toy(report_exec_time=False))
-    rollout = Rollout([ScriptedEngine(TOK, script, step_s=0.05)], pool, TOK, rcfg)
+    holder = {}
+
+    def push():
+        _push_and_wait(lambda: holder["rollout"].push("params-1", version=1), holder["forwarded"])
+
+    eng = _PushAfterFirstStep(TOK, script, push=push, whole=len(PROBLEMS) * rcfg.n_samples)
+    rollout = holder["rollout"] = Rollout([eng], pool, TOK, rcfg)
+    holder["forwarded"] = _forwarding(rollout.dispatcher)
     rollout.sync("params-0", version=0)
-    out = {}
-    th = threading.Thread(target=lambda: out.setdefault("res", rollout.generate(PROBLEMS, seed=0)))
-    th.start()
-    import time
-    time.sleep(0.08)
-    rollout.push("params-1", version=1)
-    th.join()
-    seen = set()
-    for t in out["res"].trajectories:
-        vs = [v for v, m in zip(t.versions, t.loss_mask) if m]
-        assert vs == sorted(vs) and set(vs) <= {0, 1}
-        seen |= set(vs)
-    assert 1 in seen and rollout.version == 1 and rollout.engines[0].params == "params-1"
+    res = rollout.generate(PROBLEMS, seed=0)
+    assert eng.n >= 2 and rollout.version == 1 and eng.params == "params-1"
+    n_old = n_new = 0
+    for t in res.trajectories:
+        sampled = [v for v, m in zip(t.versions, t.loss_mask) if m]
+        assert len(t.turns) == 2, t.turns
+        n0, n1 = (len(TOK.encode(x)) for x in t.turns)
+        assert sampled == [0] * n0 + [1] * n1, (t.uid, sampled)
+        assert [v for v, m in zip(t.versions, t.loss_mask) if not m] == [-1] * (len(t.versions) - n0 - n1)
+        n_old, n_new = n_old + n0, n_new + n1
+    assert (n_old, n_new) == (len(PROBLEMS) * TURN0_TOKENS, len(PROBLEMS) * TURN1_TOKENS) == (1122, 201)
+    assert staleness_counts(res.trajectories, 1, 1).tolist() == [201, 1122]
     rollout.push("params-2", version=2)  # between batches: swapped in at the next one's start
     res = rollout.generate(PROBLEMS, seed=1)
-    assert {v for t in res.trajectories for v, m in zip(t.versions, t.loss_mask) if m} == {2}
+    assert rollout.version == 2 and eng.params == "params-2" and eng.n >= 4
+    assert [v for t in res.trajectories for v, m in zip(t.versions, t.loss_mask) if m] == [2] * (1122 + 201)
 
 
 @pytest.mark.parametrize("k", [1, 2])
