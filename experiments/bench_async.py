@@ -58,23 +58,37 @@ MISMATCH = ("abs_mean", "abs_max", "k3", "log_ppl_diff", "coverage")
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def _tree_cpu_s(root: int) -> float:
-    """CPU seconds of ``root`` and its descendants (each with its reaped children's): Linux /proc."""
+def _stat(pid: int) -> list[str]:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def _tree(root: int) -> list[int]:
+    """``root`` and its descendants (a scan of /proc: Linux)."""
     kids: dict[int, list[int]] = {}
-    cpu: dict[int, float] = {}
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                f = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+                kids.setdefault(int(_stat(int(d))[1]), []).append(int(d))
             except OSError:
                 continue
-            kids.setdefault(int(f[1]), []).append(int(d))
-            cpu[int(d)] = sum(int(x) for x in f[11:15]) / _TICK  # utime stime cutime cstime
-    total, todo = 0.0, [root]
+    out, todo = [], [root]
     while todo:
-        p = todo.pop()
-        total += cpu.get(p, 0.0)
+        out.append(p := todo.pop())
         todo += kids.get(p, [])
+    return out
+
+
+def _cpu_s(pids: list[int]) -> float:
+    """CPU seconds of ``pids``, each with its reaped children's (utime stime cutime cstime): a pid
+    gone was reaped, and its parent's cutime holds its seconds (a child started since the last scan
+    of the tree counts once it is reaped)."""
+    total = 0.0
+    for p in pids:
+        try:
+            total += sum(int(x) for x in _stat(p)[11:15]) / _TICK
+        except OSError:
+            pass
     return total
 
 
@@ -100,11 +114,14 @@ class CpuTrace:
         self._th.start()
 
     def _run(self) -> None:
-        size = 0
+        size, pids, n = 0, [self.pid], 0
         while not self._stop.is_set():
             now = time.perf_counter()
+            if n % 20 == 0:  # the tree once a second (a /proc scan costs ~2 ms); its stat files every period
+                pids = _tree(self.pid)
+            n += 1
             try:
-                c, i = _tree_cpu_s(self.pid), _idle_s()
+                c, i = _cpu_s(pids), _idle_s()
             except OSError:
                 c = i = None
             if c is not None:
@@ -160,6 +177,18 @@ def stage_cores(trace: CpuTrace, stages: list[dict]) -> dict:
             "contention": max(0.0, (u["rollout"] + u["train"]) / max(cap, 1e-9) - 1.0)}
 
 
+def run_cores(trace: CpuTrace, stages: list[dict]) -> dict:
+    """Over steps 2..N-1 of any run: CPU seconds per step of the demo's process tree, and the cores
+    it used and the machine left idle (per wall second): how much work a step was, how much CPU it had."""
+    cpu = idle = wall = 0.0
+    steps = list(zip(stages, trace.row_t))[1:-1]
+    for r, t_end in steps:
+        c, i = trace.window(t_end - r["step_s"], t_end)
+        cpu, idle, wall = cpu + c, idle + i, wall + r["step_s"]
+    return {"cpu_s_per_step": cpu / max(len(steps), 1), "cores": cpu / max(wall, 1e-9),
+            "idle_cores": idle / max(wall, 1e-9)}
+
+
 def demo(out: Path, seed: int, k: int, args: argparse.Namespace, extra: tuple[str, ...] = (),
          trace: bool = False) -> dict:
     """One demo run in a fresh process; its RL rows' numbers (``trace``: and its stages' cores)."""
@@ -181,6 +210,7 @@ def demo(out: Path, seed: int, k: int, args: argparse.Namespace, extra: tuple[st
             raise SystemExit(f"bench_async: {' '.join(cmd)} failed:\n{se.read()[-3000:]}")
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r.get("stage") == "rl" and "reward" in r]
+    steps = [r for r in rows if r.get("stage") == "rl" and "step_s" in r]
     steady = [r["step_s"] for r in rl[1:]] or [rl[0]["step_s"]]
     stage_keys = ("step_s", "time_rollout_s", "time_reward_s", "time_train_s", "time_sync_s")
     trained = [r for r in rl if r.get("n_kept", 0) > 0]
@@ -195,8 +225,8 @@ def demo(out: Path, seed: int, k: int, args: argparse.Namespace, extra: tuple[st
             "mismatch": {m: statistics.mean(r[f"train/mismatch/{m}"] for r in trained) for m in MISMATCH
                          if trained and all(f"train/mismatch/{m}" in r for r in trained)},
             "stages": [{x: r[x] for x in stage_keys if x in r} for r in rl],
-            "cores": stage_cores(tr, [r for r in rows if r.get("stage") == "rl" and "step_s" in r])
-            if tr is not None and len(tr.row_t) > 2 else None}
+            **({"cores": stage_cores(tr, steps) if k == 0 else None, "run_cores": run_cores(tr, steps)}
+               if tr is not None and len(tr.row_t) > 2 else {"cores": None, "run_cores": None})}
 
 
 def sim_check(args: argparse.Namespace, seed: int, runs: list[dict]) -> dict:
@@ -219,13 +249,16 @@ def sim_check(args: argparse.Namespace, seed: int, runs: list[dict]) -> dict:
            "predicted_c0": statistics.mean((p := predict_step_s(steps, max_staleness=1))[1:] or p),
            "predicted_c1": statistics.mean((p := predict_step_s(steps, max_staleness=1, contention=1.0))[1:] or p)}
     out["contention_seen"] = out["k1_stage_s"]["time_train_s"] / out["sync_stage_s"]["time_train_s"] - 1
+    out["run_cores"] = {"sync": sync["run_cores"], "k1": k1["run_cores"]}
     st = ", ".join(f"{x.removeprefix('time_').removesuffix('_s')} {v:.2f}" for x, v in out["sync_stage_s"].items())
     cs = ", ".join(f"{x.removesuffix('_cores')} {cores[x]:.2f}" for x in cores if x.endswith("_cores"))
     print(f"sim check seed {seed}: synchronous reference ({a['old_logp']} pi_old, {a['correction']} correction) "
           f"s/step: {st}; cores: {cs}; k=1 predicted {predicted:.3f} s/step (c = {c:.2f}; c = 0: "
           f"{out['predicted_c0']:.3f}, c = 1: {out['predicted_c1']:.3f}), measured {k1['step_s']:.3f}: error "
-          f"{out['error']:.3f}; the k=1 run's update took x{1 + out['contention_seen']:.2f} the reference's, "
-          f"load {out['load']}", flush=True)
+          f"{out['error']:.3f}; the k=1 run's update took x{1 + out['contention_seen']:.2f} the reference's; "
+          + "; ".join(f"{n}: {v['cpu_s_per_step']:.2f} CPU s/step, {v['cores']:.2f} cores used, "
+                      f"{v['idle_cores']:.2f} idle" for n, v in out["run_cores"].items() if v)
+          + f"; load {out['load']}", flush=True)
     return out
 
 
@@ -261,7 +294,7 @@ def main() -> int:
         for seed in seeds:
             order = ks[seed % len(ks):] + ks[: seed % len(ks)]  # interleaved: each k first once
             for k in order:
-                r = demo(args.out / f"seed{seed}_k{k}", seed, k, args)
+                r = demo(args.out / f"seed{seed}_k{k}", seed, k, args, trace=k == 1 and not args.skip_sim_check)
                 r["load"] = load()
                 res["demo"].append(r)
                 print(f"demo seed {seed} k={k}: {r['step_s']:.3f} s/step, held-out {r['sft_acc']:.3f} -> "

@@ -32,6 +32,12 @@ minus train and sync) and engine seconds busy (a sequence in a slot, stepping), 
 starved (nothing in a slot); busy + paused + starved = engines x window wall (colocated, the
 starved seconds include the devices' training).
 
+``predict_step_s`` is the other model, of the real loop rather than the paper's: ``async_loop.AsyncRL``'s
+two threads (the rollout thread generating whole batches, the main thread scoring, updating and
+publishing) from stage seconds measured in a synchronous run (``StageTimes.from_row``), with a
+processor-sharing contention factor for threads that share the cores; ``experiments/bench_async.py``
+checks it against the demo (``sim_error``).
+
 Approximations (named), beyond ``admission.simulate``'s: training time is affine in trained tokens
 (no per-sample padding or micro-batch rounding); the weight push costs the same ``sync_s`` whatever
 the engines are doing and pauses every engine at once; the learner cannot start an update while it
