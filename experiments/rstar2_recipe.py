@@ -161,12 +161,18 @@ def load_config(args) -> RecipeConfig:
 def check_devices(cfg: RecipeConfig) -> tuple[int, int, int]:
     """The mesh against the global device count (every process's), the SFT shards against the process
     count; errors name the numbers."""
-    n, p = jax.device_count(), jax.process_count()
+    p = jax.process_count()
+    try:
+        trainer, _ = cfg.trainer_devices(jax.devices(), jax.local_devices())
+    except ValueError as e:
+        raise SystemExit(f"config error: {e}") from None
+    n, split = len(trainer), cfg.learner_devices
     try:
         shape = cfg.mesh.shape(n)
     except ValueError as e:
-        raise SystemExit(f"config error: mesh {dataclasses.asdict(cfg.mesh)} does not fit this run's {n} devices "
-                         f"({p} processes x {jax.local_device_count()} local): {e}") from None
+        raise SystemExit(f"config error: mesh {dataclasses.asdict(cfg.mesh)} does not fit this run's {n} "
+                         f"{'devices' if split is None else 'learner devices'} ({p} processes x "
+                         f"{jax.local_device_count() if split is None else split} local): {e}") from None
     shards = cfg.sft_shards or p
     if shards % p:
         raise SystemExit(f"config error: sft_shards = {shards} is not a multiple of the {p} processes")
@@ -203,9 +209,10 @@ def main(argv: list[str] | None = None) -> dict:
     distributed.initialize()  # every process runs this script; a no-op for one process
     cfg = load_config(args)
     shape = check_devices(cfg)
+    trainer_devices, engine_devices = cfg.trainer_devices(jax.devices(), jax.local_devices())
     try:  # the engines' placement over this process's devices, before anything loads (the HF config only)
         plan_placement(cfg.placement(), ModelConfig.tiny(vocab_size=ByteTokenizer().vocab_size) if args.dry_run
-                       else ModelConfig.from_hf(cfg.model_path))
+                       else ModelConfig.from_hf(cfg.model_path), engine_devices)
     except ValueError as e:
         raise SystemExit(f"config error: {e} ({jax.process_count()} processes x {jax.local_device_count()} "
                          f"local devices)") from None
@@ -224,7 +231,7 @@ def main(argv: list[str] | None = None) -> dict:
         mine = shard_owner(shards, jax.process_count(), jax.process_index())
         records = {s: [validate_record(obj, path=sft_path, line=line, template_cfg=tpl)
                        for line, obj in iter_jsonl(sft_path, shard=(s, shards))] for s in mine}
-        mesh = make_mesh(cfg.mesh)
+        mesh = make_mesh(cfg.mesh, trainer_devices)
         if args.dry_run:
             tok = ByteTokenizer()
             mcfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
@@ -245,7 +252,7 @@ def main(argv: list[str] | None = None) -> dict:
 
         def make_rollout(params):
             ecfg = cfg.engine_config(seq_len)
-            placement = plan_placement(cfg.placement(), mcfg)
+            placement = plan_placement(cfg.placement(), mcfg, engine_devices)
             if distributed.is_main_process():
                 print(placement.table())
             print(placement.line(), flush=True)

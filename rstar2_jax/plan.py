@@ -202,17 +202,36 @@ class PlanInput:
     snapshot_lookahead: int = 0  # async RL's L (AsyncConfig.ahead: max_staleness unless lookahead); 0: sync loop
     initial_copy: bool = True  # SFT holds the initial params (Parts.params) beside the train state's
     runtime_bytes: int = 0  # fixed allowance (the process baseline on CPU)
+    # the learner/engine device split: the trainer on the first this-many local devices of each process,
+    # the engines on the rest (a device then holds one side's rows); None: every device holds both
+    learner_devices_per_process: int | None = None
+
+    @property
+    def trainer_devices(self) -> int:
+        """Devices of the trainer mesh: all of them, or the learner's share of each process's."""
+        if self.learner_devices_per_process is None:
+            return self.devices
+        return self.learner_devices_per_process * (self.devices // max(self.devices_per_process, 1))
+
+    @property
+    def engine_devices_per_process(self) -> int:
+        return self.devices_per_process - (self.learner_devices_per_process or 0)
 
     def __post_init__(self) -> None:
         data, fsdp, tp = self.mesh
-        if data * fsdp * tp != self.devices:
+        split = self.learner_devices_per_process
+        if split is not None and not 0 < split < self.devices_per_process:
+            raise ValueError(f"learner_devices = {split} per process must leave the engines some of the "
+                             f"{self.devices_per_process} local devices")
+        if data * fsdp * tp != self.trainer_devices:
             raise ValueError(f"the trainer mesh data {data} x fsdp {fsdp} x tensor {tp} = {data * fsdp * tp} devices, "
-                             f"but the run has {self.devices} devices ({self.devices // max(self.devices_per_process, 1)}"
-                             f" processes x {self.devices_per_process})")
-        if self.engines_per_process * self.devices_per_engine > self.devices_per_process:
+                             f"but the run has {self.trainer_devices} trainer devices "
+                             f"({self.devices // max(self.devices_per_process, 1)} processes x "
+                             f"{split or self.devices_per_process})")
+        if self.engines_per_process * self.devices_per_engine > self.engine_devices_per_process:
             raise ValueError(f"{self.engines_per_process} engines per process x {self.devices_per_engine} devices per "
                              f"engine = {self.engines_per_process * self.devices_per_engine} devices, but a process "
-                             f"has {self.devices_per_process}")
+                             f"has {self.engine_devices_per_process} for engines")
         if self.snapshot_lookahead < 0:
             raise ValueError(f"PlanInput.snapshot_lookahead must be >= 0, got {self.snapshot_lookahead}")
 
@@ -225,6 +244,20 @@ PHASES = {"sft": "SFT update", "rl": "RL update", "old_logp": "RL pi_old pass", 
 MARGIN = 0.05  # "fits": peak <= usable x (1 - MARGIN)
 PASS_FACTOR = 2.0  # the no-grad pass's per-token working set, in "dots" elements (XLA's plan; module docstring)
 BATCH_BYTES_PER_TOKEN = 4 * 5  # tokens, targets (int32), loss_mask (f32), positions, segment_ids (int32)
+
+
+ENGINE_ROWS = ("engines' weights", "engines' K/V pool", "async snapshots")  # on the engines' devices
+
+
+def device_total(inp: PlanInput, rows: Mapping[str, float]) -> float:
+    """The bytes one device holds in a phase: every row when trainer and engines share the devices; with
+    the learner/engine split the larger of a trainer device's rows and an engine device's (the engine rows,
+    the weight-sync transient, which both sides hold while weights move, and the runtime)."""
+    if inp.learner_devices_per_process is None:
+        return sum(rows.values())
+    trainer = sum(v for k, v in rows.items() if k not in ENGINE_ROWS)
+    engine = sum(rows[k] for k in ENGINE_ROWS) + rows["weight-sync transient"] + rows["runtime"]
+    return max(trainer, engine)
 
 
 def async_snapshots(lookahead: int, phase: str) -> int:
@@ -317,7 +350,7 @@ class Plan:
     phases: Mapping[str, Mapping[str, float]]
 
     def total(self, phase: str) -> float:
-        return sum(self.phases[phase].values())
+        return device_total(self.inp, self.phases[phase])
 
     @property
     def peak(self) -> float:
@@ -350,7 +383,7 @@ class Plan:
         rows = self.inp.sft_rows if phase == "sft" else self.inp.rl_rows
         best = 0
         for b in range(1, -(-rows // (data * fsdp)) + 1):  # rows per device
-            if sum(_phase(self.inp, phase, b * data * fsdp).values()) > self.budget:
+            if device_total(self.inp, _phase(self.inp, phase, b * data * fsdp)) > self.budget:
                 break
             best = min(b * data * fsdp, rows)
         return best
@@ -368,7 +401,11 @@ class Plan:
                  f"weights, K/V {inp.kv_bytes_per_engine / GB:.2f} GB each); pi_old "
                  f"{'recomputed' if inp.old_logp_recompute else 'from the sampler'}; reference policy "
                  f"{'kept (KL)' if inp.reference_copy else 'none'}; "
-                 + (f"async, lookahead {inp.snapshot_lookahead}" if inp.snapshot_lookahead else "synchronous")]
+                 + (f"async, lookahead {inp.snapshot_lookahead}" if inp.snapshot_lookahead else "synchronous")
+                 + ("" if inp.learner_devices_per_process is None else
+                    f"; split: the trainer on the first {inp.learner_devices_per_process} devices of each process, "
+                    f"the engines on the other {inp.engine_devices_per_process} (a phase's total is the larger of a "
+                    f"trainer device's rows and an engine device's)")]
         phases = list(self.phases)
         shape = {"sft": f"{inp.sft_micro_rows or inp.sft_rows} x {inp.sft_seq_len}",
                  "rl": f"{inp.rl_micro_rows or inp.rl_rows} x {inp.rl_seq_len}"}
@@ -442,30 +479,37 @@ def from_recipe(cfg: Any, model_cfg: ModelConfig, *, devices: int, devices_per_p
     of them per micro-batch (None: all); T = prompt + max(stage-2, eval) budget with the prompt at
     most ``prompt_tokens`` (default ``cfg.max_prompt_tokens``, which the recipe enforces on the data);
     SFT rows sft_batch x sft_seq_len), the engines per ``cfg.placement()``, π_ref when
-    ``cfg.loss.kl_coef`` > 0, async snapshots by ``cfg.max_staleness`` (the recipe's ``AsyncConfig``
-    has no lookahead: L = k). Raises ``ValueError`` naming the numbers when the mesh or the engines
+    ``cfg.loss.kl_coef`` > 0, async snapshots by the async loop's lookahead (``cfg.async_rl.ahead``:
+    ``max_staleness`` unless a lookahead is given), the trainer mesh on ``cfg.learner_devices`` of each
+    process's devices when split (the engines on the rest). Raises ``ValueError`` naming the numbers when the mesh or the engines
     do not match the devices."""
     prompt = cfg.max_prompt_tokens if prompt_tokens is None else prompt_tokens
     seq = prompt + max(cfg.stage2_budget, cfg.eval_budget or 0)
     seq = -(-seq // 256) * 256  # LearnerConfig.seq_bucket
     tp = cfg.devices_per_engine
     m = cfg.mesh
+    split = getattr(cfg, "learner_devices", None)
+    processes = devices // max(devices_per_process, 1)
+    trainer = devices if split is None else split * processes
     try:
-        mesh = m.shape(devices)
+        mesh = m.shape(trainer)
     except ValueError as e:
         raise ValueError(f"the mesh (data {m.data}, fsdp {m.fsdp}, tensor {m.tensor}) does not match the run's "
-                         f"{devices} devices ({devices // max(devices_per_process, 1)} processes x "
-                         f"{devices_per_process}): {e}") from None
+                         f"{trainer} {'devices' if split is None else 'trainer devices'} ({processes} processes x "
+                         f"{devices_per_process if split is None else f'{split} learner devices'}): {e}") from None
+    engine_devices = devices_per_process - (split or 0)
+    async_rl = getattr(cfg, "async_rl", None)
+    lookahead = async_rl.ahead if async_rl is not None else int(getattr(cfg, "max_staleness", 0) or 0)
     return PlanInput(model=model_cfg, devices=devices, devices_per_process=devices_per_process,
                      mesh=mesh, rl_rows=cfg.problems_per_step * cfg.group,
                      rl_micro_rows=cfg.micro_batch, rl_seq_len=seq, sft_rows=cfg.sft_batch,
                      sft_micro_rows=cfg.sft_micro_batch, sft_seq_len=cfg.sft_seq_len,
-                     engines_per_process=cfg.engines if cfg.engines is not None else devices_per_process // tp,
+                     engines_per_process=cfg.engines if cfg.engines is not None else engine_devices // tp,
                      devices_per_engine=tp, engine_weight_dtype=cfg.engine_weight_dtype or model_cfg.param_dtype,
                      kv_bytes_per_engine=int(cfg.kv_memory_gb * GB), runtime_bytes=int(runtime_gb * GB),
                      reference_copy=kl_coef(cfg) > 0,
                      old_logp_recompute=str(getattr(cfg, "old_logp_source", "recompute")) == "recompute",
-                     snapshot_lookahead=int(getattr(cfg, "max_staleness", 0) or 0))
+                     snapshot_lookahead=lookahead, learner_devices_per_process=split)
 
 
 def check_memory_fraction(memory_fraction: float, backend: str, environ: Mapping[str, str] = os.environ) -> None:
@@ -566,6 +610,8 @@ def main(argv: list[str] | None = None) -> int:
                                else None)
     if devices is None:
         ap.error("the mesh has a -1 axis: give --devices")
+    if not args.devices and cfg.learner_devices:  # the mesh covers the learner's share of each process's devices
+        devices = devices // cfg.learner_devices * args.devices_per_process
     if cfg.model_path:
         model = model_for_recipe(cfg, args.model)
     else:

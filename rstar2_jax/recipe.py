@@ -125,6 +125,10 @@ class RecipeConfig:
     # engines (``sampling.placement``): per process, each tensor-parallel over devices_per_engine devices
     engines: int | None = None  # per process; None: as many as fit (local devices // devices_per_engine)
     devices_per_engine: int = 1  # the TP degree of each engine
+    # the learner/engine device split: the trainer mesh on the first learner_devices local devices of each
+    # process, the engines on the rest (the trainer's update and the engines' rollout then run on different
+    # devices, e.g. under async RL); null: every device holds both (the default)
+    learner_devices: int | None = None
     engine_weight_dtype: str | None = None  # e.g. "bfloat16": the engines' weights while the trainer keeps fp32
     slots: int = 64
     kv_memory_gb: float = 40.0
@@ -168,7 +172,7 @@ class RecipeConfig:
             if not _is_int(getattr(self, name)) or getattr(self, name) < 1:
                 raise bad(name, "a positive int")
         for name in ("engines", "filter_pool", "eval_every", "eval_budget", "sft_shards", "micro_batch",
-                     "sft_micro_batch"):
+                     "sft_micro_batch", "learner_devices"):
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise bad(name, "a positive int or null")
@@ -311,6 +315,22 @@ class RecipeConfig:
     def from_saved(cls, raw: dict[str, Any]) -> "RecipeConfig":
         """The inverse of ``to_json`` (no path checks beyond ``__post_init__``)."""
         return cls(**_with_overrides(raw, {}))
+
+    def trainer_devices(self, devices: Sequence[Any], local: Sequence[Any]) -> tuple[list[Any], list[Any]]:
+        """``(the trainer mesh's devices, this process's engine devices)`` from the run's ``devices`` (every
+        process's, ordered by process) and this process's ``local`` ones: all of them and all local ones,
+        or, with ``learner_devices``, each process's first ``learner_devices`` and the rest of ``local``.
+        Raises ``ValueError`` naming the numbers when a process has no device left for the engines."""
+        n = self.learner_devices
+        if n is None:
+            return list(devices), list(local)
+        if n >= len(local):
+            raise ValueError(f"RecipeConfig.learner_devices = {n} leaves none of the {len(local)} local devices "
+                             f"for the engines")
+        by_process: dict[int, list[Any]] = {}
+        for d in devices:
+            by_process.setdefault(d.process_index, []).append(d)
+        return [d for p in sorted(by_process) for d in by_process[p][:n]], list(local)[n:]
 
     def placement(self) -> PlacementConfig:
         """Where the engines go (laid over each process's devices by ``plan_placement``)."""

@@ -314,3 +314,34 @@ def test_update_row_matches_xla_own_plan_on_a_shipped_mesh():
     assert 0.85 <= formula / xla["update"].temp <= 1.15, (formula / GB, xla["update"].temp / GB)  # 15.2 / 14.1
     pass_ = plan.phases["old_logp"]["pi_old pass / micro-batch"]
     assert 0.85 <= pass_ / xla["logprobs"].temp <= 1.3, (pass_ / GB, xla["logprobs"].temp / GB)
+
+
+def test_a_learner_engine_split_puts_each_side_on_its_own_devices():
+    # 1 process x 8 devices: the trainer on 4 (fsdp 4), 2 engines of TP 2 on the other 4
+    inp = _tiny_input(devices=8, devices_per_process=8, mesh=(1, 4, 1), rl_rows=8, engines_per_process=2,
+                      devices_per_engine=2, learner_devices_per_process=4)
+    plan = make_plan(inp)
+    rl = plan.phases["rl"]
+    engine_rows = ("engines' weights", "engines' K/V pool", "async snapshots")
+    trainer = sum(v for k, v in rl.items() if k not in engine_rows)
+    engine = sum(rl[k] for k in engine_rows) + rl["weight-sync transient"] + rl["runtime"]
+    assert plan.total("rl") == max(trainer, engine) < sum(rl.values())
+    assert rl["engines' weights"] == 90496 * 4 / 2 and rl["engines' K/V pool"] == 2**20 / 2
+    sync = plan.phases["sync"]  # both sides hold the weight-sync transient while weights move
+    assert plan.total("sync") == max(sum(v for k, v in sync.items() if k not in engine_rows),
+                                     sum(sync[k] for k in engine_rows) + sync["weight-sync transient"])
+    assert "split: the trainer on the first 4 devices of each process, the engines on the other 4" in plan.table()
+    with pytest.raises(ValueError, match=r"trainer mesh data 1 x fsdp 8 x tensor 1 = 8 devices, but the run has 4 "
+                                         r"trainer devices"):
+        _tiny_input(devices=8, devices_per_process=8, mesh=(1, 8, 1), learner_devices_per_process=4)
+    with pytest.raises(ValueError, match=r"3 engines per process x 2 devices per engine = 6 devices, but a process "
+                                         r"has 4 for engines"):
+        _tiny_input(devices=8, devices_per_process=8, mesh=(1, 4, 1), engines_per_process=3, devices_per_engine=2,
+                    learner_devices_per_process=4)
+    # from a recipe config: the mesh covers the learner's share, the engines default to the rest
+    from rstar2_jax.config import MeshConfig
+    from rstar2_jax.plan import from_recipe
+
+    cfg = RecipeConfig.dry_run(mesh=MeshConfig(data=1, fsdp=-1, tensor=1), learner_devices=4, devices_per_engine=2)
+    got = from_recipe(cfg, ModelConfig.tiny(), devices=16, devices_per_process=8)
+    assert (got.mesh, got.engines_per_process, got.trainer_devices) == ((1, 8, 1), 2, 8)

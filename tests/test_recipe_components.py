@@ -146,3 +146,37 @@ def test_build_checks_types_and_set_dotted_nests():
     with pytest.raises(ValueError, match=r"--set a.x: a is 1, not an object"):
         set_dotted(raw, "a.x", 0)
     assert to_plain(lim)["uid_range"] == [1, 2]
+
+
+@pytest.mark.slow
+def test_the_learner_engine_split_runs_the_dry_run_on_disjoint_devices(tmp_path, capsys, monkeypatch):
+    """``learner_devices = 4`` of 8: the trainer mesh on devices 0-3, two TP-2 engines on 4-7, every stage."""
+    import jax
+    import rstar2_recipe
+
+    from rstar2_jax.sampling.placement import leaf_devices
+
+    seen: dict = {}
+    real_parts, real_engine = rstar2_recipe.Parts, rstar2_recipe.PagedEngine
+
+    def parts(**kw):
+        seen["mesh"] = {d.id for d in kw["mesh"].devices.reshape(-1)}
+        return real_parts(**kw)
+
+    class Engine(real_engine):
+        def __init__(self, graphdef, params, *args, **kwargs):
+            seen.setdefault("engines", []).append(leaf_devices(params))
+            super().__init__(graphdef, params, *args, **kwargs)
+
+    monkeypatch.setattr(rstar2_recipe, "Parts", parts)
+    monkeypatch.setattr(rstar2_recipe, "PagedEngine", Engine)
+    assert jax.device_count() == 8
+    summary = rstar2_recipe.main(["--dry-run", "--out", str(tmp_path / "o"), "--no-progress", "--set", "learner_devices=4",
+                                  "--set", "stage1_max_steps=1", "--set", "eval_every=null"])
+    printed = capsys.readouterr().out
+    assert "placement: processes = 1, engines = 2, devices_per_engine = 2, devices_used = 4/4" in printed
+    assert seen["mesh"] == {0, 1, 2, 3} and seen["engines"] == [{4, 5}, {6, 7}]
+    assert summary["mesh"] == [1, 4, 1] and summary["stages"][-1] == "rl_stage3"
+    assert all(n > 0 for n in summary["n_kept_per_stage"]["rl_stage1"])  # the split trainer updated
+    saved = json.loads((tmp_path / "o" / "recipe_config.json").read_text())
+    assert saved["learner_devices"] == 4
