@@ -8,8 +8,8 @@ PNG plots and a summary table in ``--out``.
 
 from __future__ import annotations
 
-import os
 import sys
+
 
 def _flag(name: str, default: int, minimum: int = 1) -> int:
     v = next((a.split("=")[1] for a in sys.argv if a.startswith(f"--{name}=")), None)
