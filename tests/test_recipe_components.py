@@ -12,22 +12,13 @@ import pytest
 from rstar2_jax.recipe import RECIPE_SANDBOX, RecipeConfig
 from rstar2_jax.rl.config import AdvantageKind, CorrectionLevel, KLEstimator, LossKind
 from rstar2_jax.utils.config_io import build, set_dotted, to_plain
+from tests.test_recipe import _full_config
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 
-def _config(tmp_path, **changes) -> Path:
-    raw = json.loads((ROOT / "experiments/configs/rstar2_14b.json").read_text())
-    (tmp_path / "model").mkdir(exist_ok=True)
-    for name in ("sft.jsonl", "rl.jsonl", "eval.jsonl"):
-        (tmp_path / name).write_text("")
-    raw.update(model_path=str(tmp_path / "model"), sft_data=str(tmp_path / "sft.jsonl"),
-               rl_data=str(tmp_path / "rl.jsonl"), eval_data=str(tmp_path / "eval.jsonl"))
-    raw.update(changes)
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps(raw))
-    return path
+_config = _full_config  # the shipped 14B config, its paths pointed at files that exist
 
 
 def test_components_from_a_file_reach_the_built_configs(tmp_path):
