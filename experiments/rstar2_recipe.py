@@ -267,7 +267,8 @@ def main(argv: list[str] | None = None) -> dict:
                 engines = [ScriptedPolicy(e, script) for e in engines]
             return Rollout(engines, pool, tok, RolloutConfig(
                 n_samples=cfg.samples_per_problem, budget=cfg.stage1_budget, template=tpl,
-                sampler=Temperature(temperature=cfg.temperature), admission=cfg.admission)), engines
+                sampler=Temperature(temperature=cfg.temperature), admission=cfg.admission,
+                max_errored=cfg.max_errored)), engines
 
         scfg = SFTConfig(seq_len=cfg.sft_seq_len, batch_size=cfg.sft_batch, epochs=cfg.sft_epochs,
                          micro_batch_size=cfg.sft_micro_batch,

@@ -147,6 +147,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--scripted-policy", action="store_true",
                     help="RL rollouts from a scripted policy over the real engines (a real tool call, then the right "
                          "answer for even samples, a wrong one for odd): every step updates; for tests (the golden)")
+    ap.add_argument("--max-errored", type=int, default=0,
+                    help="trajectories per rollout batch a failing engine command may error (counted, warned with "
+                         "the traceback) before the step fails; 0: any failing command fails the step")
     ap.add_argument("--max-staleness", type=int, default=0,
                     help="asynchronous RL (docs/design.md §5.2): the rollout generates the next batches while the "
                          "learner trains; no trained token is more than K policy versions old. 0: synchronous")
@@ -183,7 +186,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                  "hidden", "layers", "sandbox_workers", "devices_per_engine", "ckpt_every", "ckpt_every_sft", "sft_batch", "sft_seq_len"):
         if getattr(args, name) < 1:
             errors.append(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("rl_steps", "copy_drills", "max_staleness", "learner_devices"):
+    for name in ("rl_steps", "copy_drills", "max_staleness", "learner_devices", "max_errored"):
         if getattr(args, name) < 0:
             errors.append(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     if args.correction == "auto":  # asynchronous runs are corrected, unless pi_old is explicitly the sampler's
@@ -299,9 +302,9 @@ def save_sft_cache(args, state, sft_cfg: SFTConfig, log: list[dict]) -> None:
 
 def run_config(args: argparse.Namespace) -> dict:
     """The settings that define the run (compared on --resume): every flag but the run-control ones
-    (``correction`` only when on, so a run saved before the flag existed resumes when it is off)."""
+    (``correction`` and ``max_errored`` only when set, so a run saved before those flags existed resumes)."""
     return {k: v for k, v in vars(args).items() if k not in ("resume", "no_progress", "allow_changed", "log")
-            and (k, v) != ("correction", "none")}
+            and (k, v) not in (("correction", "none"), ("max_errored", 0))}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -346,7 +349,8 @@ def main(argv: list[str] | None = None) -> dict:
         def make_rollout(params):
             engines = make_engines(graphdef, params, mcfg, args, max_seq_len, tok)
             rollout_cfg = RolloutConfig(n_samples=2 * args.group, budget=args.budget, template=tpl,
-                                        sampler=Temperature(temperature=args.temperature))
+                                        sampler=Temperature(temperature=args.temperature),
+                                        max_errored=args.max_errored)
             rl_engines = engines
             if args.scripted_policy:  # held-out evaluation still samples the trained policy
                 script = mixed_script(rl_problems, tok, tpl)

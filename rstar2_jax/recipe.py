@@ -140,6 +140,9 @@ class RecipeConfig:
     template: Literal["full", "toy"] = "full"  # "full" rStar2 prompt, or "toy"
     # asynchronous RL (docs/design.md §5.2): no trained token more than this many versions old; 0: synchronous
     max_staleness: int = 0
+    # trajectories per rollout batch that a failing engine command may error (counted and warned, with the
+    # traceback) before the step fails; 0: any failing command fails the step (rollout.dispatcher)
+    max_errored: int = 0
     # memory (rstar2_jax/plan.py): the longest rendered prompt (system prompt and template included) the
     # plan assumes; the recipe refuses data with a longer one, naming the file and the line
     max_prompt_tokens: int = 1024
@@ -176,7 +179,8 @@ class RecipeConfig:
             v = getattr(self, name)
             if v is not None and (not _is_int(v) or v < 1):
                 raise bad(name, "a positive int or null")
-        for name in ("stage1_max_steps", "stage2_max_steps", "stage3_steps", "warmup_steps", "max_staleness"):
+        for name in ("stage1_max_steps", "stage2_max_steps", "stage3_steps", "warmup_steps", "max_staleness",
+                     "max_errored"):
             if not _is_int(getattr(self, name)) or getattr(self, name) < 0:
                 raise bad(name, "an int >= 0")
         if not _is_int(self.max_prompt_tokens) or self.max_prompt_tokens < 1:

@@ -79,6 +79,7 @@ def test_the_config_round_trips_through_its_json(tmp_path):
      r"c.json: RecipeConfig \(loss, .*\): correction needs old_logp_source='recompute'"),
     ({"old_logp_source": "sampler", "temperature": 0.7}, r"c.json: RecipeConfig \(loss, .*\): temperature=0.7 needs"),
     ({"max_prompt_tokens": 0}, r"c.json: RecipeConfig.max_prompt_tokens must be a positive int"),
+    ({"max_errored": -1}, r"c.json: RecipeConfig.max_errored must be an int >= 0"),
     ({"memory_fraction": 1.5}, r"c.json: RecipeConfig.memory_fraction must be a number in \(0, 1\]"),
 ])
 def test_component_errors_name_the_dotted_field_and_the_file(tmp_path, changes, match):

@@ -128,7 +128,7 @@ def test_full_recipe_path_on_an_hf_directory(run_dir, capsys, monkeypatch):
     # each component kept the recipe's defaults; the run directory holds the whole config, which reads back
     assert [(e.page_size, e.prefill_chunk, e.num_slots) for e in built["engine"]] == [(8, 32, 8)] * 4
     assert (built["limits"].wall_s, built["limits"].memory_mb) == (6.0, 2048)
-    assert built["rollout"].admission.prior_weight == 2.0
+    assert built["rollout"].admission.prior_weight == 2.0 and built["rollout"].max_errored == 0
     assert (built["rl"].loss.eps_high, built["rl"].loss.eps_low, built["rl"].roc.keep_per_group) == (0.28, 0.25, 2)
     assert built["async_rl"].max_staleness == 0
     assert built["initial"] and built["initial_alive"] == 0  # the driver dropped Parts.params once SFT began
