@@ -16,9 +16,10 @@
    (``predict_step_s``: overlapped, each thread runs at 1 / (1 + c) of its solo speed), measured in
    the same synchronous run: the bench samples the demo's process tree's CPU seconds and the
    machine's idle seconds every 50 ms and times each step by its row's arrival in ``metrics.jsonl``,
-   so each stage's cores u (CPU seconds over its wall seconds) and the cores the run could have had
-   (the larger stage's used + idle, C) are known; sharing C proportionally, c = max(0, (u_rollout + u_train) / C - 1)
-   (``--sim-contention`` overrides it).
+   so each stage's cores u (CPU seconds over its wall seconds) are known; sharing the machine's C
+   cores in proportion to demand, c = max(0, (u_rollout + u_train) / C - 1) (``--sim-contention``
+   overrides it). The wall seconds of the two runs compare only if both got the same CPU: each run's
+   CPU seconds per step and cores used and idle are printed beside the error.
    ``sim_error`` = |predicted - measured| / measured, the mean over seeds. Also printed, not used:
    the contention the k = 1 run showed (its ``time_train_s`` over the synchronous run's, minus 1).
 4. **The simulator at paper scale** (``testing.paper_scale``): trained samples/s, asynchronous k = 1 on
@@ -156,8 +157,11 @@ class CpuTrace:
 
 def stage_cores(trace: CpuTrace, stages: list[dict]) -> dict:
     """Over steps 2..N-1 of a synchronous run: the cores its rollout and its update used (CPU seconds
-    over wall seconds) and the cores available: the larger of the two stages' used + the machine's
-    idle (a stage that asks for less than it could have shows no more than it used).
+    over wall seconds), and c for two threads that share the machine's cores in proportion to their
+    demand. The capacity is the machine's cores, not what the run saw free (used + the machine's idle,
+    reported): the kernel shares the CPU fairly between sessions (autogroups), so a process that asks
+    for more cores gets them from the other sessions; a k = 1 run beside a reference that saw 1.0
+    core used + idle used 1.87 of the 2.
     A step's stages are back to back and end when its row arrives: rollout, reward, train, sync."""
     used = {"rollout": [0.0, 0.0], "train": [0.0, 0.0]}
     idle = {"rollout": 0.0, "train": 0.0}
@@ -172,9 +176,10 @@ def stage_cores(trace: CpuTrace, stages: list[dict]) -> dict:
             used[name][1] += y - x
             idle[name] += i
     u = {name: c / max(w, 1e-9) for name, (c, w) in used.items()}
-    cap = max((c + idle[name]) / max(w, 1e-9) for name, (c, w) in used.items())
-    return {"rollout_cores": u["rollout"], "train_cores": u["train"], "available_cores": cap,
-            "contention": max(0.0, (u["rollout"] + u["train"]) / max(cap, 1e-9) - 1.0)}
+    free = max((c + idle[name]) / max(w, 1e-9) for name, (c, w) in used.items())
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {"rollout_cores": u["rollout"], "train_cores": u["train"], "used_plus_idle_cores": free,
+            "machine_cores": cores, "contention": max(0.0, (u["rollout"] + u["train"]) / cores - 1.0)}
 
 
 def run_cores(trace: CpuTrace, stages: list[dict]) -> dict:
