@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 BENCH ?= $(sort $(wildcard experiments/bench_*.py))
 
-.PHONY: test demo demo-seeds bench notebook lock clean
+.PHONY: test test-fast demo demo-seeds bench notebook lock clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,11 @@ $(DEV): setup.cfg pyproject.toml $(LOCK) | $(PY)
 
 test: $(DEV)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+
+# the pure-function tests only (modules marked `pytestmark = pytest.mark.fast`: RoC, advantages, penalties, losses,
+# reward extraction and equivalence, the page table, config parsing): under a minute, one process
+test-fast: $(DEV)
+	$(PY) -m pytest -q -m fast -n 0 $(PYTEST_ARGS)
 
 demo: $(BASE)
 	$(PY) experiments/toy_tool_math.py $(DEMO_ARGS)

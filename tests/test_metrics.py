@@ -8,6 +8,8 @@ import pytest
 from rstar2_jax.metrics import COL, STATS, error_rate, rollout_metrics, trajectory_stats
 from rstar2_jax.rollout.trajectory import DECODE_ERROR, ToolRecord, Trajectory, tool_calls_per_traj, tool_errors
 
+pytestmark = pytest.mark.fast
+
 
 def _traj(reward, statuses, n_tokens, reason="answer"):
     t = Trajectory(uid=0, group_id=0, problem_id="p", gold="1", prompt_tokens=[1], budget=64)

@@ -6,6 +6,8 @@ import pytest
 
 from rstar2_jax.tokenizer import CHAT_SPECIALS, ByteTokenizer, HFTokenizer, Tokenizer
 
+pytestmark = pytest.mark.fast
+
 
 def test_byte_tokenizer_specials_are_single_ids_and_round_trip():
     tok = ByteTokenizer()

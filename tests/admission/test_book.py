@@ -7,6 +7,8 @@ import pytest
 from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
 from rstar2_jax.admission.config import AdmissionConfig
 
+pytestmark = pytest.mark.fast
+
 SHAPES = [EngineShape(page_size=16, usable_pages=63)] * 2
 
 

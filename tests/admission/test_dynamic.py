@@ -13,6 +13,8 @@ from rstar2_jax.admission.config import AdmissionConfig, Policy
 from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimTrajectory, simulate
 from tests.rollout.fakes import InstantPool
 
+pytestmark = pytest.mark.fast
+
 DYNAMIC = AdmissionConfig(policy="dynamic")
 
 

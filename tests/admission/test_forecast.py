@@ -6,6 +6,8 @@ import pytest
 
 from rstar2_jax.admission.forecast import AdaptiveRatio, LengthModel, fits, forecast
 
+pytestmark = pytest.mark.fast
+
 
 def usage(model, used, base, budget, page_size):
     """One trajectory's expected pages: ``forecast``'s mean for a single live trajectory."""

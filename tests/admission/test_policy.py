@@ -9,6 +9,8 @@ from rstar2_jax.admission.capacity import CapacityPolicy
 from rstar2_jax.admission.dynamic import DynamicPolicy
 from rstar2_jax.admission.static import StaticPolicy, static_split
 
+pytestmark = pytest.mark.fast
+
 
 class _G:
     """A pending group of ``size`` samples (``admission.PendingGroup``)."""

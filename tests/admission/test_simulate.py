@@ -6,6 +6,8 @@ import pytest
 from rstar2_jax.admission import AdmissionConfig
 from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimTrajectory, simulate
 
+pytestmark = pytest.mark.fast
+
 CAPACITY, STATIC = AdmissionConfig(), AdmissionConfig(policy="static")
 
 

@@ -7,6 +7,8 @@ import pytest
 from rstar2_jax.admission import AdmissionConfig, SimEngine, SimGroup, SimTrajectory, simulate
 from rstar2_jax.admission.simulate_async import AsyncConfig, StageTimes, predict_step_s, simulate_async
 
+pytestmark = pytest.mark.fast
+
 
 def _engine(**kw):
     # every sequence with uncached tokens fed at once; a step costs 0.1 s whatever its rows (hand counts)

@@ -11,6 +11,8 @@ from rstar2_jax.rollout.trajectory import Status, Trajectory
 from rstar2_jax.sandbox import CodeResult
 from rstar2_jax.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.fast
+
 TOK = ByteTokenizer()
 CFG = TemplateConfig.toy()
 CODE = "print(4821*7390)"

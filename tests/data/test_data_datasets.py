@@ -8,6 +8,8 @@ import pytest
 from rstar2_jax.data.datasets import DatasetError, Problem, load_dataset, write_jsonl
 from tests.shared_data import SHARED_DATA, need
 
+pytestmark = pytest.mark.fast
+
 EXPECTED_COUNTS = {"aime24": 30, "aime25": 30, "amc23": 40, "hmmt25": 30, "math500": 500}
 
 

@@ -7,6 +7,8 @@ import pytest
 
 from rstar2_jax.data.chat import pack_sequences
 
+pytestmark = pytest.mark.fast
+
 PAD = -1
 
 

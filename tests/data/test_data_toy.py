@@ -9,6 +9,8 @@ import pytest
 from rstar2_jax.data.datasets import load_dataset, write_jsonl
 from rstar2_jax.data.toy import KINDS, ToyConfig, generate, is_heldout, make_splits
 
+pytestmark = pytest.mark.fast
+
 
 def _run_code(code: str) -> str:
     out = io.StringIO()

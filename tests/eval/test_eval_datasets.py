@@ -7,6 +7,8 @@ import pytest
 from rstar2_jax.data.datasets import DatasetError
 from rstar2_jax.eval import benchmark_key, display_name, load_suite, parse_data_specs
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("name,key", [("AIME24", "aime24"), ("aime_25", "aime25"), ("HMMT25", "hmmt25"),
                                       ("MATH-500", "math500"), ("math500", "math500"), ("amc23", "amc23")])

@@ -11,6 +11,8 @@ from rstar2_jax.rewards.equivalence import check
 from rstar2_jax.rewards.extract import extract_answer
 from rstar2_jax.rewards.normalize import normalize
 
+pytestmark = pytest.mark.fast
+
 
 def _both(a: str, b: str) -> tuple[bool, bool]:
     return check(a, b).correct, check(b, a).correct

@@ -11,6 +11,8 @@ from rstar2_jax.rewards.equivalence import Verdict, check
 from rstar2_jax.rewards.normalize import normalize
 from rstar2_jax.rewards.structure import Bracketed, Unordered, parse_structure
 
+pytestmark = pytest.mark.fast
+
 _FAST = [c for c in CASES if c.why not in NEEDS_TIMEOUT]
 
 

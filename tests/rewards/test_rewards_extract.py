@@ -6,6 +6,8 @@ import pytest
 
 from rstar2_jax.rewards.extract import Extraction, extract_answer, find_boxes
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("text,answer", [
     ("so \\boxed{5}.", "5"),

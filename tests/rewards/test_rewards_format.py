@@ -6,6 +6,8 @@ import pytest
 
 from rstar2_jax.rewards.format import FormatStats, format_stats, split_turns
 
+pytestmark = pytest.mark.fast
+
 
 def test_counts_over_turns():
     stats = format_stats(["<reason>call a tool</reason>", "<reason>ok</reason><answer>\\boxed{5}</answer>"])

@@ -6,6 +6,8 @@ import pytest
 from rstar2_jax.rl.advantages import compute_advantages, group_advantages
 from rstar2_jax.rl.config import AdvantageConfig, AdvantageKind, RLConfig
 
+pytestmark = pytest.mark.fast
+
 
 def test_grpo_advantage_unbiased_std():
     # group 0: r = [1,0,0,0], mean 0.25, unbiased var = (0.75² + 3·0.25²)/3 = 0.75/3 = 0.25, std 0.5

@@ -11,6 +11,8 @@ import pytest
 from rstar2_jax.rl.config import AGG_MODES, LossConfig, LossKind
 from rstar2_jax.rl.loss import policy_loss
 
+pytestmark = pytest.mark.fast
+
 
 def _cfg(mode, **kw):
     """LossConfig for an aggregation mode (Dr.GRPO's constant normaliser needs L_max = norm_len)."""

@@ -5,6 +5,8 @@ import pytest
 
 from rstar2_jax.rl.penalties import RocRecord, p_err, p_format, p_total, stack_records
 
+pytestmark = pytest.mark.fast
+
 
 def _rec(calls=1, errs=0, opens=1, closes=1, turns=1):
     return RocRecord(n_tool_calls=calls, n_tool_errors=errs, n_answer_open=opens, n_answer_close=closes,

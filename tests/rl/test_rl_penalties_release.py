@@ -21,6 +21,8 @@ from rstar2_jax.rollout import TemplateConfig, Trajectory, render_prompt
 from rstar2_jax.sandbox import CodeResult
 from rstar2_jax.tokenizer import ByteTokenizer
 
+pytestmark = pytest.mark.fast
+
 TOK = ByteTokenizer()
 REL = TemplateConfig.release()
 END = "<|im_end|>"

@@ -8,6 +8,8 @@ from hypothesis import strategies as st
 
 from rstar2_jax.rl.roc import roc_class_counts, roc_downsample
 
+pytestmark = pytest.mark.fast
+
 MODES = ("paper", "deterministic", "none")
 
 

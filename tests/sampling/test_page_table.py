@@ -8,6 +8,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from rstar2_jax.sampling.page_table import NULL_PAGE, OutOfPages, PageTable
 
+pytestmark = pytest.mark.fast
+
 
 def _make_table(pages=8, page_size=4, max_pages=4) -> PageTable:
     return PageTable(num_pages=pages, page_size=page_size, max_pages_per_seq=max_pages)

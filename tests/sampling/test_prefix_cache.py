@@ -6,6 +6,8 @@ import pytest
 from rstar2_jax.sampling.page_table import OutOfPages, PageTable
 from rstar2_jax.sampling.prefix_cache import PrefixCache
 
+pytestmark = pytest.mark.fast
+
 
 def _table_and_cache(pages=8):
     pt = PageTable(num_pages=pages, page_size=4, max_pages_per_seq=6)

@@ -8,6 +8,8 @@ from rstar2_jax.sampling.page_table import PageTable
 from rstar2_jax.sampling.scheduler import Scheduler
 from rstar2_jax.sampling.sequence import Seq, SeqState
 
+pytestmark = pytest.mark.fast
+
 
 def _seq(i: int, n_tokens: int) -> Seq:
     return Seq(i, (i, 1), list(range(1, n_tokens + 1)), np.zeros(2, np.uint32), None)

@@ -7,7 +7,8 @@ import pytest
 
 from rstar2_jax.utils.rss import RssTrace, rss_gb
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
+pytestmark = [pytest.mark.fast,
+              pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")]
 
 
 class Work:

@@ -7,6 +7,8 @@ import pytest
 
 from rstar2_jax.utils.xla_flags import device_count_in, force_host_device_count, with_device_count
 
+pytestmark = pytest.mark.fast
+
 FLAG = "--xla_force_host_platform_device_count"
 
 
