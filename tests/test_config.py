@@ -6,6 +6,8 @@ import pytest
 
 from rstar2_jax.config import MeshConfig, ModelConfig
 
+pytestmark = pytest.mark.fast
+
 
 @pytest.mark.parametrize("field,value,match", [
     ("num_layers", 0, "ModelConfig.num_layers must be a positive int"),
