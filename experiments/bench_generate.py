@@ -15,12 +15,12 @@ devices unless ``XLA_FLAGS`` already sets a count): XLA:CPU runs one decode step
 torch on all of them. The summary ratios are the data-parallel ones (same cores, same requests);
 the single-engine ratios are printed next to them.
 
-Old path vs mixed loop: a third runner, one engine with ``EngineConfig.mixed_steps`` (prefill chunks
-inside the K-step loop), interleaved with the others (same tokens, asserted); the summary adds it
-against HF at B=64 and against the old path. Prefix cache: ``prefix_saving`` feeds 8 problems x 4
-samples rendered with the release template (byte tokenizer), one problem per engine step, to a
-mixed-steps engine with ``EngineConfig.prefix_cache`` and reports the positions mapped from the
-cache over the repeated system-prompt tokens.
+Engines run the mixed loop (K iterations of decode rows + prefill chunks per call; the old path,
+single steps for chunks and all-row decode windows, was retired in issue 43: its last figures are in
+docs/design.md §7). Prefix cache: ``prefix_saving`` feeds 8 problems x 4 samples rendered with the
+release template (byte tokenizer), one problem per engine step, to an engine with
+``EngineConfig.prefix_cache`` and reports the positions mapped from the cache over the repeated
+system-prompt tokens.
 
 GPU (when ``jax.devices()`` is a GPU): also a Qwen3-0.6B-shaped policy with random bf16 weights and
 bf16 KV, B=64 decode: tokens/s, and the fraction of the memory-bandwidth roofline, i.e.
@@ -48,8 +48,8 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from rstar2_jax.config import ModelConfig  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
+from rstar2_jax.model.config import ModelConfig  # noqa: E402
 from rstar2_jax.model.hf_io import export_hf, load_hf  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature  # noqa: E402
 from rstar2_jax.sampling.data_parallel import DataParallelEngine  # noqa: E402
@@ -146,23 +146,19 @@ def compare(graphdef, params, hf, cfg: ModelConfig, batches: list[int], reps: in
     ratios = {}
     for b in batches:
         n = next(k for k in range(min(len(devices), b), 0, -1) if b % k == 0)
-        single = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps, mixed_steps=False), device=devices[0])
-        mixed = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps, mixed_steps=True), device=devices[0])
+        single = PagedEngine(graphdef, params, cfg, engine_cfg(b, decode_steps), device=devices[0])
         dp = DataParallelEngine.over_devices(graphdef, params, cfg, engine_cfg(b // n, decode_steps),
                                              devices=devices[:n])
         runs = {"one engine": lambda p, new, seed: run_ours(single, p, new, seed=seed),
-                "one engine, mixed": lambda p, new, seed: run_ours(mixed, p, new, seed=seed),
                 f"{n} engines": lambda p, new, seed: run_ours(dp, p, new, seed=seed),
                 "HF": lambda p, new, seed: run_hf(hf, p, new, seed=seed)}
         single.warmup()
-        mixed.warmup()
         dp.warmup()
         prompts = prompts_for(b, cfg.vocab_size, seed=b)
         tokens = {}
         for name, fn in runs.items():  # warm the whole path (first calls, caches)
             tokens[name] = fn(prompts, 8, 0)[0]
         assert tokens["one engine"] == tokens[f"{n} engines"], "data-parallel engines changed the tokens"
-        assert tokens["one engine"] == tokens["one engine, mixed"], "the mixed loop changed the tokens"
         secs, cpu = {k: [] for k in runs}, {k: [] for k in runs}
         order = list(runs)
         for r in tqdm(range(reps), desc=f"B={b}", unit="rep"):
@@ -171,19 +167,15 @@ def compare(graphdef, params, hf, cfg: ModelConfig, batches: list[int], reps: in
                 cpu[name].append(LAST_CPU[0])
         med = statistics.median
         tps = {k: b * NEW / med(v) for k, v in secs.items()}
-        ratios[b] = (tps[f"{n} engines"] / tps["HF"], tps["one engine"] / tps["HF"], tps["one engine, mixed"] / tps["HF"])
-        st, sm = single.stats(), mixed.stats()
+        ratios[b] = (tps[f"{n} engines"] / tps["HF"], tps["one engine"] / tps["HF"])
+        st = single.stats()
         print(f"B={b:3d}: HF generate {tps['HF']:8.1f} tok/s ({med(cpu['HF']) / med(secs['HF']):.2f} cores busy); "
               f"ours, one engine {tps['one engine']:8.1f} tok/s -> {ratios[b][1]:.2f}x "
               f"({med(cpu['one engine']) / med(secs['one engine']):.2f} cores busy); ours, {n} engines x {b // n} "
               f"slots (one per CPU device) {tps[f'{n} engines']:8.1f} tok/s -> {ratios[b][0]:.2f}x "
               f"({med(cpu[f'{n} engines']) / med(secs[f'{n} engines']):.2f} cores busy); medians of {reps}; one "
-              f"engine ran {st.decode_loop_calls} decode-loop calls + {st.steps} model steps for "
+              f"engine ran {st.mixed_loop_calls} mixed-loop calls + {st.steps} model steps for "
               f"{st.tokens_generated} tokens")
-        print(f"B={b:3d}: one engine with mixed_steps {tps['one engine, mixed']:8.1f} tok/s -> {ratios[b][2]:.2f}x HF, "
-              f"{tps['one engine, mixed'] / tps['one engine']:.2f}x the old path "
-              f"({med(cpu['one engine, mixed']) / med(secs['one engine, mixed']):.2f} cores busy); it ran "
-              f"{sm.mixed_loop_calls} mixed-loop + {sm.decode_loop_calls} decode-loop calls + {sm.steps} model steps")
         dp.close()
     return ratios
 
@@ -191,7 +183,7 @@ def compare(graphdef, params, hf, cfg: ModelConfig, batches: list[int], reps: in
 def prefix_saving(graphdef, params, cfg: ModelConfig, problems: int = 8, group: int = 4) -> float:
     """Prefill tokens the prefix cache saves with the release template's system prompt: ``problems``
     groups of ``group`` (``submit_group``), one problem arriving per engine step as a dispatcher
-    feeds them, on a mixed-steps engine with ``prefix_cache``. Returns the positions mapped from the
+    feeds them, on an engine with ``prefix_cache``. Returns the positions mapped from the
     cache over the repeated system-prompt tokens ((problems - 1) x its length)."""
     from rstar2_jax.rollout import TemplateConfig, render_prompt
     from rstar2_jax.rollout.template import render_system
@@ -203,8 +195,7 @@ def prefix_saving(graphdef, params, cfg: ModelConfig, problems: int = 8, group: 
     assert TOK.vocab_size <= cfg.vocab_size, (TOK.vocab_size, cfg.vocab_size)
     n = max(map(len, prompts)) + 32
     ecfg = EngineConfig(num_slots=16, page_size=16, max_seq_len=-(-n // 16) * 16,
-                        num_pages=16 * (-(-n // 16)) + 1, prefill_chunk=64, prefill_rows=2, mixed_steps=True,
-                        prefix_cache=True)
+                        num_pages=16 * (-(-n // 16)) + 1, prefill_chunk=64, prefill_rows=2, prefix_cache=True)
     engine = PagedEngine(graphdef, params, cfg, ecfg, device=jax.devices("cpu")[0])
     todo = list(enumerate(prompts))
     while todo or engine.has_work():
@@ -299,9 +290,8 @@ def main() -> int:
         saved = prefix_saving(graphdef, params, cfg)
     return report("generate", [Metric("ratio_b16", ratios[16][0], ">= 1.2"),
                                Metric("ratio_b64", ratios[64][0], ">= 1.5"),
-                               Metric("one_engine_b16", ratios[16][1]), Metric("one_engine_b64", ratios[64][1]),
-                               Metric("mixed_one_engine_b64", ratios[64][2], ">= 1.5"),
-                               Metric("mixed_new_old_b64", ratios[64][2] / ratios[64][1]),
+                               Metric("one_engine_b16", ratios[16][1]),
+                               Metric("one_engine_b64", ratios[64][1], ">= 1.5"),
                                Metric("prefix_saved_frac", saved, ">= 0.8")])
 
 

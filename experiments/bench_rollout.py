@@ -29,10 +29,9 @@ responses: unswapped preemptions, unshared forks, re-prefilled migrations; the s
 resume feeds with its tool response is not recompute), K/V moved and K/V
 swapped back as fractions of all tokens fed or sampled, the machine's cores busy, the critical path
 (the longest trajectory alone); a KV plot each.
-Old path vs mixed loop (issue 32): workloads (a) and (b) also run the dynamic policy on two more
-engines of the same shape with ``EngineConfig.mixed_steps`` (prefill/extend chunks inside the
-K-step loop), in the same per-seed rotation; the summary's ``tok_s_new_old`` is their engine tokens
-(sampled + fed) per busy engine-second over the old path's.
+The engines run the mixed loop (prefill/extend chunks inside the K-step loop); the old path it was
+compared with here (``tok_s_new_old``, issue 32) was retired in issue 43, its figures are in
+docs/results.md.
 Three seeds by default (about 12 min on the 2-core machine); ``--quick``: one seed of 6 problems x 4
 samples on engines of a third of the slots and pages, so that KV memory binds as in the default (at
 the default engine size 24 trajectories never fill the pool: no preemption, no imbalance from
@@ -69,7 +68,6 @@ ENGINE_ENV = {"JAX_PLATFORMS": "cpu",
               "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
 POLICIES = {"static": dict(policy="static"), "capacity": dict(policy="capacity"),
             "dynamic": dict(policy="dynamic"), "dynamic+migrate": dict(policy="dynamic", migrate=True)}
-MIXED_OF, MIXED = "dynamic", "dynamic, mixed"  # the policy also run on engines with EngineConfig.mixed_steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,7 +228,7 @@ def main() -> int:
     max_len = -(-(prompt_len + max(c.w.budget for c in todo)) // args.page_size) * args.page_size
     ecfg = EngineConfig(num_slots=args.slots, page_size=args.page_size, max_seq_len=max_len, num_pages=args.pages,
                         prefill_chunk=64, decode_row_buckets=tuple(b for b in (16, 32) if b < args.slots),
-                        swap_tokens=round(args.swap * (args.pages - 1) * args.page_size), mixed_steps=False)
+                        swap_tokens=round(args.swap * (args.pages - 1) * args.page_size))
     n_cpu = os.cpu_count() or 1
     print(f"policy: random Qwen3-style, 2 layers, hidden 128 (fp32); 2 PagedEngines in their own processes pinned to "
           f"cores {[i % n_cpu for i in range(2)]} of {n_cpu}, {args.slots} slots, {args.pages - 1} usable pages of "
@@ -239,8 +237,6 @@ def main() -> int:
           f"policies within a run)")
     t0 = time.perf_counter()
     engines = [ProcessEngine(EngineHost, model_kw, ecfg, cpus={i % n_cpu}, env=ENGINE_ENV) for i in range(2)]
-    mixed_cfg = dataclasses.replace(ecfg, mixed_steps=True)  # the same shape with the mixed loop (issue 32)
-    engines += [ProcessEngine(EngineHost, model_kw, mixed_cfg, cpus={i % n_cpu}, env=ENGINE_ENV) for i in range(2)]
     try:
         a, b, c = engines[0].call("calibrate", prompt_len)
         k = engines[0].call("ctx_cost", args.slots // 2, 100, 500)
@@ -252,16 +248,6 @@ def main() -> int:
     finally:
         for e in engines:
             e.close()
-    speedup = {}
-    for name in ("a", "b"):  # the same policy's runs, old path vs mixed loop, interleaved per seed
-        if name not in results:
-            continue
-        tok = {p: np.mean([m["engine_tok_s"] for m in results[name][p]]) for p in (MIXED_OF, MIXED)}
-        speedup[name] = tok[MIXED] / tok[MIXED_OF]
-        print(f"({name}) engine tokens/s (sampled + fed per busy engine-second) under {MIXED_OF}: old path "
-              f"{tok[MIXED_OF]:.0f}, mixed loop {tok[MIXED]:.0f} -> {speedup[name]:.2f}x; makespan "
-              f"{np.mean([m['makespan_s'] for m in results[name][MIXED_OF]]):.1f} s vs "
-              f"{np.mean([m['makespan_s'] for m in results[name][MIXED]]):.1f} s")
     if set(results) != {c.name for c in todo}:
         return 0  # a partial run: the tables above are its result (no verdict)
     sim_best, sim_rec = simulated(args, todo[1].w, seeds, (a, b, c, k), prompt_len, results["b"])
@@ -277,9 +263,7 @@ def main() -> int:
     print(f"(d) SIMULATED best non-static: {sim_best}; recompute {sim_rec:.3f}")
     return report("rollout", [Metric("ratio_a", ratios["a"], "<= 1.00"), Metric("ratio_b", ratios["b"], "<= 0.75"),
                               Metric("ratio_c", ratios["c"], "<= 0.75"),
-                              Metric("recompute_frac", max(recs), "<= 0.05", fmt=".3f"),
-                              Metric("tok_s_new_old_a", speedup["a"], ">= 1.3"),
-                              Metric("tok_s_new_old_b", speedup["b"])])
+                              Metric("recompute_frac", max(recs), "<= 0.05", fmt=".3f")])
 
 
 def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int) -> dict:
@@ -293,20 +277,17 @@ def measured(args, todo: list[Case], seeds: list[int], engines, prompt_len: int)
         for cs in todo:
             describe(cs, seeds)
             engines[1].call("set_slowdown", cs.slow)
-            step_s = [e.call("probe_step_s") for e in engines[:2]]  # what a long-lived dispatcher knows (both paths get it)
+            step_s = [e.call("probe_step_s") for e in engines]  # what a long-lived dispatcher knows
             print(f"  engine speeds (probe, half the slots decoding): {[round(x * 1e3, 2) for x in step_s]} ms a step")
-            mixed = cs.name in ("a", "b")  # also MIXED_OF's policy on the mixed-loop engines, interleaved
-            results[cs.name] = {p: [] for p in list(POLICIES) + [MIXED] * mixed}
+            results[cs.name] = {p: [] for p in POLICIES}
             first: dict = {}
             for seed in tqdm(seeds, desc=f"workload {cs.name}", leave=False):
                 s = seed + (100 if cs.name == "c" else 0)
                 problems, scripts = make_workload(cs.w, s, epoch=1)
                 by_key, lengths = history(cs.w, s, epoch=0)
-                names = list(POLICIES) + [MIXED] * mixed
+                names = list(POLICIES)
                 for name in names[seed % len(names):] + names[:seed % len(names)]:  # rotate the order
-                    run_on = engines[2:] if name == MIXED else engines[:2]
-                    res = run_policy(MIXED_OF if name == MIXED else name, problems, scripts, cs.w, s, run_on, pool,
-                                     lengths, by_key, step_s)
+                    res = run_policy(name, problems, scripts, cs.w, s, engines, pool, lengths, by_key, step_s)
                     res.metrics["program_alone_s"] = sum(alone.get(code, 0.0) for code, _ in res.metrics["program_s"])
                     results[cs.name][name].append(res.metrics)
                     if seed == seeds[0]:

@@ -9,9 +9,10 @@ call itself with ``block_until_ready`` (device compute). "other" is the rest of 
 
 Then device-only timings of one decode step's pieces at B rows (mean context 96 tokens): the whole
 jitted step, the L layers' paged attention alone (gather + online softmax), and the sampler alone;
-and, inside the device decode loop itself (K steps per call, every row at context 88..96), the ms
-per step with the real attention and with attention replaced by the identity (their difference is
-what attention costs in place), with the process's CPU seconds per wall second (1.0 = one core).
+and, inside the engine's mixed loop on a decode-only window (K steps per call, every row at context
+88..96), the ms per step with the real attention and with attention replaced by the identity (their
+difference is what attention costs in place), with the process's CPU seconds per wall second (1.0 =
+one core).
 """
 
 from __future__ import annotations
@@ -32,11 +33,6 @@ from rstar2_jax.sampling import PagedEngine, kv_cache, sample_rows
 from rstar2_jax.sampling import engine as engine_mod
 from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling.scheduler import Scheduler
-
-try:
-    from rstar2_jax.sampling import decode_loop as loop_mod
-except ImportError:  # an engine without the device decode loop
-    loop_mod = None
 
 T = collections.defaultdict(float)
 N = collections.Counter()
@@ -77,12 +73,9 @@ def instrument() -> None:
             setattr(Scheduler, name, timed("host scheduling", getattr(Scheduler, name)))
     engine_mod.build_step_batch = timed("host batch build", engine_mod.build_step_batch)
     engine_mod.paged_step = jitted("jitted paged_step", engine_mod.paged_step)
-    if loop_mod is not None:
-        for name in ("sync", "batch"):
-            setattr(loop_mod.SlotArrays, name, timed("host batch build", getattr(loop_mod.SlotArrays, name)))
-        loop_mod.decode_loop = jitted("jitted decode_loop", loop_mod.decode_loop)
+    mixed_mod.SlotArrays.sync = timed("host batch build", mixed_mod.SlotArrays.sync)
     mixed_mod.build_mixed_batch = timed("host batch build", mixed_mod.build_mixed_batch)
-    mixed_mod.mixed_loop = jitted("jitted mixed_loop", mixed_mod.mixed_loop)  # the default path (mixed_steps)
+    mixed_mod.mixed_loop = jitted("jitted mixed_loop", mixed_mod.mixed_loop)
     PagedEngine._on_sample = timed("host stops/booking", PagedEngine._on_sample)
     PagedEngine.step = timed("step() total", PagedEngine.step)
 
@@ -132,17 +125,23 @@ def device_pieces(graphdef, params, cfg, b: int, reps: int) -> dict[str, float]:
 
 
 def loop_split(graphdef, params, cfg, b: int, reps: int, k: int = 8) -> dict[str, tuple[float, float]]:
-    """{variant: (ms per decode step, CPU s / wall s)} of ``decode_loop`` at B rows, context 88..96."""
-    z, m, start = 16, -(-(PROMPT + NEW) // 16), 88
+    """{variant: (ms per decode step, CPU s / wall s)} of ``mixed_loop`` on a decode-only window (no
+    chunks: every iteration runs ``decode_rows``) at B rows, context 88..96."""
+    z, m, start, pr = 16, -(-(PROMPT + NEW) // 16), 88, 1
     bt = 1 + np.arange(b * m, dtype=np.int32).reshape(b, m)
-    spec = loop_mod.LoopSpec(b, k, z, "reference")
-    batch = loop_mod.LoopBatch(
-        tokens_b=np.ones(b, np.int32), pos_b=np.full(b, start, np.int32), limit_b=np.full(b, k, np.int32),
-        block_tables=bt, key_data=np.zeros((b, 2), np.uint32), temperature=np.ones(b, np.float32),
-        top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32), greedy=np.zeros(b, bool),
-        stop_ids=np.full((b, loop_mod.STOP_WIDTH), -1, np.int32), exit_on_stop=np.bool_(False))
+    spec = mixed_mod.MixedSpec(b, k, pr, PROMPT, z, "reference")
+    no_chunk = lambda width, dtype: np.zeros((k, width), dtype)
+    batch = mixed_mod.MixedBatch(
+        tokens_b=np.ones(b, np.int32), pos_b=np.full(b, start, np.int32), start_b=np.zeros(b, np.int32),
+        limit_b=np.full(b, k, np.int32), block_tables=bt, key_data=np.zeros((b, 2), np.uint32),
+        temperature=np.ones(b, np.float32), top_k=np.zeros(b, np.int32), top_p=np.ones(b, np.float32),
+        greedy=np.zeros(b, bool), stop_ids=np.full((b, mixed_mod.STOP_WIDTH), -1, np.int32),
+        chunk_tokens=no_chunk(pr * PROMPT, np.int32), chunk_pos=no_chunk(pr * PROMPT, np.int32),
+        chunk_valid=no_chunk(pr * PROMPT, bool), chunk_slot=no_chunk(pr, np.int32), chunk_live=no_chunk(pr, bool),
+        chunk_last=no_chunk(pr, np.int32), chunk_sample=no_chunk(pr, bool), chunk_iters=np.int32(0),
+        busy=np.int32(1), n_iters=np.int32(k), exit_on_stop=np.bool_(False))
     out = {}
-    real, raw = kv_cache.paged_attention, loop_mod.decode_loop
+    real, raw = kv_cache.paged_attention, mixed_mod.mixed_loop
     while hasattr(raw, "__wrapped__"):  # the plain function under jit (and the timing wrapper)
         raw = raw.__wrapped__
     for name, attn in (("decode loop, real attention", real),
@@ -153,13 +152,13 @@ def loop_split(graphdef, params, cfg, b: int, reps: int, k: int = 8) -> dict[str
         kv_cache.paged_attention = attn
         try:
             cache = kv_cache.init_cache(cfg, b * m + 1, z)
-            cache, tok, _, _ = fn(graphdef, params, cache, batch, spec)
+            cache, tok, _, _, _ = fn(graphdef, params, cache, batch, spec)
             jax.block_until_ready(tok)
         finally:
             kv_cache.paged_attention = real
         t0, c0 = time.perf_counter(), time.process_time()
         for _ in range(reps):
-            cache, tok, _, _ = fn(graphdef, params, cache, batch, spec)
+            cache, tok, _, _, _ = fn(graphdef, params, cache, batch, spec)
             jax.block_until_ready(tok)
         wall = time.perf_counter() - t0
         out[name] = (wall / reps / k * 1e3, (time.process_time() - c0) / wall)
@@ -194,13 +193,12 @@ def main() -> None:
     print(f"device-only pieces of one {b}-row decode step (ms, mean of {args.reps}):")
     for name, ms in device_pieces(graphdef, params, cfg, b, args.reps).items():
         print(f"  {name:28s} {ms:7.2f}")
-    if loop_mod is not None:
-        split = loop_split(graphdef, params, cfg, b, max(2, args.reps // 4))
-        print(f"inside the device decode loop ({b} rows, context 88..96):")
-        for name, (ms, cores) in split.items():
-            print(f"  {name:36s} {ms:7.2f} ms per step, {cores:.2f} cores busy")
-        (real, _), (ident, _) = split.values()
-        print(f"  -> attention costs {real - ident:.2f} ms of a {real:.2f} ms step ({(real - ident) / real:.0%})")
+    split = loop_split(graphdef, params, cfg, b, max(2, args.reps // 4))
+    print(f"inside the mixed loop, decode-only window ({b} rows, context 88..96):")
+    for name, (ms, cores) in split.items():
+        print(f"  {name:36s} {ms:7.2f} ms per step, {cores:.2f} cores busy")
+    (real, _), (ident, _) = split.values()
+    print(f"  -> attention costs {real - ident:.2f} ms of a {real:.2f} ms step ({(real - ident) / real:.0%})")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 * ``sequence``: host records (``Seq``, ``GroupTemplate``) and the ``SeqState`` transition table.
 * ``scheduler``: slots, FIFO admission, page growth, preemption (the least to recompute), group forks.
 * ``step``: the typed ``StepBatch``, its host builder and the jitted ``paged_step``.
-* ``decode_loop``: up to K decode steps per jitted call (``decode_loop``), on-device stops, ``SlotArrays``.
+* ``mixed_loop``: up to K iterations of decode rows + prefill/extend chunks per jitted call, on-device
+  stops, its host plan and ``SlotArrays``; ``engine_loops`` books its tokens.
 * ``engine_config``: ``EngineConfig`` (validated static shape), raw key data.
 * ``engine``: ``PagedEngine`` (submit / submit_group / step / resume / release).
 * ``data_parallel``: ``DataParallelEngine``, one engine per device behind one ``Engine`` (CPU cores).

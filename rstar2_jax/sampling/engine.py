@@ -21,16 +21,13 @@ per (decode row count, with/without prefill) variant, i.e. twice with the defaul
 ``num_slots``; ``decode_row_buckets`` adds smaller row counts for partly empty engines (``warmup()``
 compiles them all up front). The cache is donated: no copy per step.
 
-Decode loop: when no slot needs a prefill chunk (and no decoding sequence has stop strings), a
-step runs ``decode_loop`` instead: up to ``decode_steps`` decode steps of every slot in one jitted
-call, stops checked on the device, pages for those positions reserved up front (``Scheduler.
-reserve``) and the unused ones given back after (``Scheduler.trim``). Tokens are those of single
-steps; it compiles once more (``warmup()`` includes it).
-
-Mixed loop (``EngineConfig.mixed_steps``): a step with prefill/extend chunks runs ``mixed_loop``
-instead, K iterations of decode rows plus host-planned chunk rows, so a chunk no longer breaks the
-window; rows with stop strings decode in either loop and the host cuts them at the stop
-(``engine_loops``). One more compile (``warmup()``).
+Mixed loop (``decode_steps`` K > 1): a step runs ``mixed_loop`` instead when the host can plan a
+window of at least two iterations: up to K iterations of decode rows plus host-planned
+prefill/extend chunk rows in one jitted call, on the smallest decode-row bucket that holds the
+window's slots, stop ids checked on the device, pages for the decoding positions reserved up front
+(``Scheduler.reserve``) and the unused ones given back after (``Scheduler.trim``); rows with stop
+strings decode in the loop too and the host cuts them at the stop (``engine_loops``). Tokens are
+those of single steps; it compiles once more per row bucket (``warmup()`` includes them).
 
 Not thread-safe: drive each engine from one thread.
 
@@ -65,12 +62,11 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
-from rstar2_jax.sampling import decode_loop as loop_mod
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.sampling import kv_cache, kv_transfer
 from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling.engine_config import (EngineConfig, check_request, check_resume,  # noqa: F401
-                                              child_key_data, key_data)  # EngineConfig, keys: re-exported
+                                               child_key_data, key_data)  # EngineConfig, keys: re-exported
 from rstar2_jax.sampling.engine_loops import LoopRunner
 from rstar2_jax.sampling.interface import EngineStats, Request, StopEvent
 from rstar2_jax.sampling.page_table import PageTable
@@ -117,14 +113,13 @@ class PagedEngine(LoopRunner):
         self.scheduler = Scheduler(self.page_table, cfg.num_slots, cfg.readmit_headroom, cache=self.prefix_cache,
                                    evict=self._evict if cfg.swap_tokens else None, restore=self._restore)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
-        self._slot_arrays = loop_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
-        self._loop_spec = loop_mod.LoopSpec(cfg.num_slots, cfg.decode_steps, cfg.page_size, cfg.attention_impl)
+        self._slot_arrays = mixed_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
         self._mixed_specs = {rd: mixed_mod.MixedSpec(rd, cfg.decode_steps, cfg.prefill_rows, cfg.prefill_chunk,
                                                      cfg.page_size, cfg.attention_impl) for rd in self._row_buckets}
         self._next_id = 0
         self._next_order = 0
         self._stats = dict(steps=0, tokens_generated=0, prefill_tokens=0, decode_tokens=0, page_copies=0,
-                           submitted=0, decode_loop_calls=0, mixed_loop_calls=0, discarded_tokens=0,
+                           submitted=0, mixed_loop_calls=0, discarded_tokens=0,
                            kv_exported_tokens=0, kv_imported_tokens=0)
 
     # -- public API ------------------------------------------------------------------------------
@@ -223,15 +218,10 @@ class PagedEngine(LoopRunner):
         if not decode and not prefill:
             return []
         cfg = self.cfg
-        if cfg.mixed_steps:  # decode-only windows too: the mixed loop runs the smallest row bucket
-            plan = mixed_mod.plan_mixed([s for s in sched.slots if s is not None], cfg.decode_steps, cfg.prefill_rows,
-                                        cfg.prefill_chunk, cfg.max_seq_len, sched)
-            if plan is not None:
-                return self._run_mixed(plan)
-        limits = None if prefill or cfg.mixed_steps else loop_mod.plan_window(decode, cfg.decode_steps,
-                                                                              cfg.max_seq_len, sched)
-        if limits is not None:
-            return self._run_loop(decode, limits)
+        plan = mixed_mod.plan_mixed([s for s in sched.slots if s is not None], cfg.decode_steps, cfg.prefill_rows,
+                                    cfg.prefill_chunk, cfg.max_seq_len, sched)  # None: a single step
+        if plan is not None:
+            return self._run_mixed(plan)
         rd = next(r for r in self._row_buckets if r >= len(decode))
         tokens, logprobs, chunks = self._run(decode, prefill, rd, self.cfg.prefill_rows if prefill else 0)
         self._stats["steps"] += 1
@@ -253,18 +243,15 @@ class PagedEngine(LoopRunner):
         return events
 
     def warmup(self) -> int:
-        """Compile every step variant now (decode row buckets x with/without prefill rows, the decode
-        loop, fork page copies of every padded size) on all-padding inputs, which only write to the
-        null page. Returns the variant count."""
+        """Compile every step variant now (decode row buckets x with/without prefill rows, the mixed
+        loop per row bucket, fork page copies of every padded size) on all-padding inputs, which only
+        write to the null page. Returns the variant count."""
         n = 0
         for rd in self._row_buckets:
             for pr in (0, self.cfg.prefill_rows):
                 self._run([], [], rd, pr)  # returns host arrays: the step has run
                 n += 1
-        if self.cfg.decode_steps > 1 and not self.cfg.mixed_steps:
-            self._loop([], [])  # no active row: the loop body never runs, but it compiles
-            n += 1
-        if self.cfg.decode_steps > 1 and self.cfg.mixed_steps:
+        if self.cfg.decode_steps > 1:
             for rd in self._row_buckets:  # nothing planned: compiles only
                 self._mixed(mixed_mod.MixedPlan(self.cfg.decode_steps, [], {}, {}), rd)
                 n += 1

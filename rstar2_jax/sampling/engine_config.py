@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.sampling import kv_cache
 
 
@@ -28,8 +28,9 @@ class EngineConfig:
     # Smaller decode row counts to compile as well (each a separate jit variant); a step uses the
     # smallest that holds its decoding sequences. () = always num_slots rows: compiles once.
     decode_row_buckets: tuple[int, ...] = ()
-    # K: most decode steps per jitted call when no slot needs a prefill chunk or a per-token host
-    # check (``decode_loop``); 1 = one ``paged_step`` per call always.
+    # K: most iterations per jitted call (``mixed_loop``: decode rows plus prefill/extend chunk rows,
+    # on the smallest decode-row bucket holding the window's slots; rows with stop strings decode in
+    # the loop, the host cutting them at the stop); 1 = one ``paged_step`` per call always.
     decode_steps: int = 8
     # KV page dtype ("bfloat16" halves KV memory and bandwidth); None = the model's compute dtype.
     # Attention always accumulates in fp32.
@@ -46,12 +47,6 @@ class EngineConfig:
     # Off by default: a hit changes which rows feed which tokens, so goldens recorded without it
     # would move by float rounding.
     prefix_cache: bool = False
-    # Steps with prefill/extend chunks run inside the K-step loop too (``mixed_loop``: Rd decode rows
-    # plus Pr chunk rows per iteration, Rd the smallest decode-row bucket holding the window's slots),
-    # and rows with stop strings (or more stop ids than the device checks) decode in the loop, the
-    # host cutting them at the stop. False = the old path: such steps are single ``paged_step``
-    # calls and decode-only windows run all ``num_slots`` rows (``decode_loop``).
-    mixed_steps: bool = True
 
     def __post_init__(self) -> None:
         for name in ("num_slots", "page_size", "max_seq_len", "prefill_chunk", "prefill_rows", "decode_steps"):
@@ -62,8 +57,6 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.readmit_headroom must be an int >= 0, got {self.readmit_headroom!r}")
         if not isinstance(self.swap_tokens, int) or self.swap_tokens < 0:
             raise ValueError(f"EngineConfig.swap_tokens must be an int >= 0, got {self.swap_tokens!r}")
-        if not isinstance(self.mixed_steps, bool):
-            raise ValueError(f"EngineConfig.mixed_steps must be a bool, got {self.mixed_steps!r}")
         if not isinstance(self.prefix_cache, bool):
             raise ValueError(f"EngineConfig.prefix_cache must be a bool, got {self.prefix_cache!r}")
         if (self.num_pages is None) == (self.kv_memory_bytes is None):

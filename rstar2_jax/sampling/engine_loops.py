@@ -1,8 +1,7 @@
-"""The engine's multi-step device calls and how their tokens are booked (a ``PagedEngine`` mixin).
+"""The engine's multi-step device call and how its tokens are booked (a ``PagedEngine`` mixin).
 
-``_run_loop``: one ``decode_loop`` call (no slot needs a chunk). ``_run_mixed``: one
-``mixed_loop`` call (``EngineConfig.mixed_steps``: decode rows plus planned prefill/extend chunks).
-Both book each row's tokens in order through the engine's ``_on_sample`` (``stop_reason``). A stop
+``_run_mixed``: one ``mixed_loop`` call (decode rows plus planned prefill/extend chunks); it books
+each row's tokens in order through the engine's ``_on_sample`` (``stop_reason``). A stop
 the device did not see (a stop string, or a stop id past ``STOP_WIDTH``) cuts the row there: the
 tokens it sampled after it are dropped (``discarded_tokens``, at most K - 1 per row), its
 ``cached`` becomes ``len(tokens) - 1`` (K/V written past that is never read: attention stops at a
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from rstar2_jax.sampling import decode_loop as loop_mod
 from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling.interface import StopEvent
 from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState
@@ -22,30 +20,6 @@ from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState
 
 class LoopRunner:
     """Mixin of ``PagedEngine`` (uses its scheduler, cache, params, stats and ``_on_sample``)."""
-
-    def _loop(self, decode: list[Seq], limits: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """One ``decode_loop`` call (the cache is donated and replaced); host arrays [K,B], [K,B], [B]."""
-        sa = self._slot_arrays
-        sa.sync(self.scheduler.slots)
-        batch = sa.batch(decode, limits, self.scheduler.block_tables, exit_on_stop=bool(self.scheduler.waiting))
-        self.cache, tokens, logprobs, counts = loop_mod.decode_loop(self.graphdef, self.params, self.cache, batch,
-                                                                    self._loop_spec)
-        return np.asarray(tokens), np.asarray(logprobs), np.asarray(counts)
-
-    def _run_loop(self, decode: list[Seq], limits: list[int]) -> list[StopEvent]:
-        """Run the device loop and book its tokens through the usual stop handling."""
-        tokens, logprobs, counts = self._loop(decode, limits)
-        self._stats["steps"] += int(counts.max())
-        self._stats["decode_loop_calls"] += 1
-        events = []
-        for s in decode:
-            b, n = s.slot, int(counts[s.slot])
-            ev, m = self._book(s, tokens[:n, b], logprobs[:n, b])
-            s.cached = len(s.tokens) - 1
-            self._stats["decode_tokens"] += m
-            events += ev
-            self.scheduler.trim(s)
-        return events
 
     def _mixed(self, plan: mixed_mod.MixedPlan, rd: int | None = None
                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, dict[int, int]]:

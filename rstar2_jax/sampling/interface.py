@@ -57,9 +57,8 @@ class StopEvent:
 class EngineStats:
     """Counters since the engine was built (``steps`` .. ``submitted``) and its state now."""
 
-    steps: int = 0  # model steps run (one forward of the batch; a decode loop call runs up to decode_steps)
-    decode_loop_calls: int = 0  # jitted decode-loop calls (each ran several of the steps above)
-    mixed_loop_calls: int = 0  # jitted mixed-loop calls: decode rows and prefill chunks (``EngineConfig.mixed_steps``)
+    steps: int = 0  # model steps run (one forward of the batch; a mixed-loop call runs up to decode_steps)
+    mixed_loop_calls: int = 0  # jitted mixed-loop calls (each ran several of the steps above: decode rows, chunks)
     discarded_tokens: int = 0  # tokens a loop sampled past a stop only the host sees (stop strings): dropped
     tokens_generated: int = 0  # sampled tokens
     prefill_tokens: int = 0  # tokens fed by prefill/extend chunks

@@ -1,10 +1,9 @@
 """The mixed decode loop: K iterations of (B decode rows + Pr prefill/extend chunk rows) per call.
 
-``EngineConfig.mixed_steps`` (default): every multi-step window runs ``mixed_loop``, so a pending
-chunk no longer breaks it (the old path ran a chunk as one ``paged_step``). Letters: B rows, the
-window's slots that decode or feed a chunk gathered into the smallest decode-row bucket that holds
-them (``plan_rows``; padding rows map to the null page), K ``decode_steps``, Pr ``prefill_rows``,
-C ``prefill_chunk``.
+Every multi-step window of the engine runs ``mixed_loop`` (decode-only windows too), so a pending
+chunk does not break it. Letters: B rows, the window's slots that decode or feed a chunk gathered
+into the smallest decode-row bucket that holds them (``plan_rows``; padding rows map to the null
+page), K ``decode_steps``, Pr ``prefill_rows``, C ``prefill_chunk``.
 
 **Host plan** (``plan_mixed``, before the call; no admission happens inside a window). It replays
 what K single steps would do: at iteration i the Pr oldest slots still prefilling (a template, or
@@ -21,12 +20,16 @@ iteration its prefill completes (``n_iters``), so the host forks it right after 
 **Device** (``mixed_loop``): chunks fill the window's first iterations (a slot still prefilling
 always gets a lane), so two ``lax.while_loop``s run back to back: iterations with chunks run
 ``step_rows`` over ``[B decode rows | Pr chunk rows]`` (the single step's math, T = B + Pr*C
-tokens), the rest ``decode_rows`` (the plain loop's math; one loop choosing by ``lax.cond`` ran about 10%
-slower at B=64 on CPU). Decode rows stop on stop ids
-or their limit as in ``decode_loop``; the call ends after ``n_iters`` iterations, when no row is
-active and no chunk is left, or (``exit_on_stop``) after the first stop. Returns tokens and
-log-probs ``[K, B]`` (slot b's tokens start at its first decoding iteration), counts ``[B]`` and
-the iterations run (chunks planned past it were not fed).
+tokens), the rest ``step.decode_rows`` (the same math for single-token rows; one loop choosing by
+``lax.cond`` ran about 10% slower at B=64 on CPU). Per row, the token fed at iteration j is the one
+sampled at j-1 and the token sampled at sequence index ``i`` uses ``fold_in(seq_key, i)``, as a
+single step does, so tokens equal single steps'. A decode row stops after sampling one of its stop
+ids (``stop_ids``, the first ``STOP_WIDTH``, padded with -1) or its limit; a stopped row writes
+nothing more. The call ends after ``n_iters`` iterations, when no row is active and no chunk is
+left, or (``exit_on_stop``, set while sequences wait for a slot) after the first stop, so a freed
+slot is refilled at the next call as with single steps. Returns tokens and log-probs ``[K, B]``
+(slot b's tokens start at its first decoding iteration), counts ``[B]`` and the iterations run
+(chunks planned past it were not fed).
 """
 
 from __future__ import annotations
@@ -41,9 +44,8 @@ from flax import nnx
 from jaxtyping import Bool, Float, Int, UInt32
 
 from rstar2_jax.sampling import kv_cache
-from rstar2_jax.sampling.decode_loop import SlotArrays, decode_rows
 from rstar2_jax.sampling.sequence import GroupTemplate, Seq
-from rstar2_jax.sampling.step import StepBatch, StepSpec, step_rows
+from rstar2_jax.sampling.step import StepBatch, StepSpec, decode_rows, step_rows
 
 Arr = np.ndarray | jax.Array
 
@@ -117,7 +119,7 @@ def mixed_loop(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.K
                 active | starts, *rest)
 
     def decode_update(carry, new, lp):
-        """Book decode rows' samples as ``decode_loop`` does."""
+        """Book decode rows' samples: tokens, counts, stops on stop ids or the limit."""
         i, cache, tok, pos, active, count, out_t, out_lp, stopped = carry
         out_t, out_lp = out_t.at[i].set(jnp.where(active, new, 0)), out_lp.at[i].set(jnp.where(active, lp, 0.0))
         count = count + active
@@ -175,6 +177,44 @@ def mixed_loop(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.K
 
 
 # -- host plan ------------------------------------------------------------------------------------
+STOP_WIDTH = 8  # stop ids a row carries on the device; past them the host cuts the row (``engine_loops``)
+
+
+class SlotArrays:
+    """Host mirror of the loop's per-slot inputs that only change when a slot changes hands.
+
+    ``sync(slots)`` rewrites just the rows whose occupant changed since the last call (key,
+    sampling parameters, stop ids are fixed per sequence), so a launch gathers ready arrays instead
+    of rebuilding them from Python objects (``build_mixed_batch``).
+    """
+
+    def __init__(self, num_slots: int, key_width: int):
+        b = num_slots
+        self.owner: list[int | None] = [None] * b
+        self.key_data = np.zeros((b, key_width), np.uint32)
+        self.temperature = np.ones(b, np.float32)
+        self.top_k = np.zeros(b, np.int32)
+        self.top_p = np.ones(b, np.float32)
+        self.greedy = np.zeros(b, bool)
+        self.stop_ids = np.full((b, STOP_WIDTH), -1, np.int32)
+
+    def sync(self, slots) -> None:
+        for b, s in enumerate(slots):
+            sid = None if s is None else s.id
+            if self.owner[b] == sid:
+                continue
+            self.owner[b] = sid
+            if s is None:
+                continue
+            self.key_data[b] = s.key_data
+            p = s.params
+            self.temperature[b], self.top_k[b] = p.temperature, p.top_k
+            self.top_p[b], self.greedy[b] = p.top_p, p.greedy
+            self.stop_ids[b] = -1
+            ids = sorted(s.stop_ids)[:STOP_WIDTH]
+            self.stop_ids[b, :len(ids)] = ids
+
+
 @dataclasses.dataclass(frozen=True)
 class MixedPlan:
     """A window of ``n_iters`` iterations: what each chunk row feeds, and when each slot decodes.

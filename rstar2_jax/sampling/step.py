@@ -11,7 +11,8 @@ logits of its last fed token; the host ignores the rows that sample nothing (pad
 prefill rows whose sequence has uncached tokens left).
 
 Shapes depend only on ``StepSpec``, so ``paged_step`` compiles once per spec: once per (decode
-row count, with/without prefill rows) variant of an engine.
+row count, with/without prefill rows) variant of an engine. ``decode_rows`` is the decode-only
+math (B single-token rows, no flat layout) that ``mixed_loop`` runs in its decode-only iterations.
 """
 
 from __future__ import annotations
@@ -142,6 +143,34 @@ def step_rows(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KV
     keys = jax.vmap(lambda kd, i: jax.random.fold_in(jax.random.wrap_key_data(kd), i))(
         batch.key_data, batch.sample_pos)
     tokens, logprobs = sample_rows(logits_rv, keys, batch.temperature, batch.top_k, batch.top_p, batch.greedy)
+    return cache, tokens, logprobs
+
+
+def decode_rows(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KVLayer],
+                tokens_b: jax.Array, pos_b: jax.Array, valid_b: jax.Array, bt_bm: jax.Array,
+                key_data: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
+                greedy: jax.Array, page_size: int, attention_impl: str):
+    """One decode step of B single-token rows (``step_rows``' math without prefill rows; ``mixed_loop``'s
+    decode-only iterations): write K/V, attend, sample token index ``pos + 1``.
+
+    Returns ``(cache, tokens_b, logprobs_b)``. Invalid rows write to the null page (their samples
+    are garbage the caller ignores).
+    """
+    b = tokens_b.shape[0]
+    page_b, slot_b = kv_cache.token_destinations(bt_bm, jnp.arange(b, dtype=jnp.int32), pos_b, valid_b, page_size)
+
+    def attend(layer, q_btnh, k_btkh, v_btkh, kv):
+        kv = kv_cache.write_kv(kv, k_btkh[0], v_btkh[0], page_b, slot_b)
+        with jax.named_scope("decode_attention"):
+            out = kv_cache.paged_attention(q_btnh[0][:, None], kv, bt_bm, pos_b[:, None], impl=attention_impl)
+        return out[:, 0][None], kv
+
+    hidden, cache = apply(graphdef, params, tokens_b[None], pos_b[None], attend=attend, kv=cache)
+    h_bd = hidden[0]
+    w = head_weight(graphdef, params)
+    logits = jnp.einsum("BD,DV->BV", h_bd, w.astype(h_bd.dtype), preferred_element_type=jnp.float32)
+    keys = jax.vmap(lambda kd, i: jax.random.fold_in(jax.random.wrap_key_data(kd), i))(key_data, pos_b + 1)
+    tokens, logprobs = sample_rows(logits, keys, temperature, top_k, top_p, greedy)
     return cache, tokens, logprobs
 
 

@@ -79,8 +79,8 @@ class EngineHost:
     def __init__(self, model_kw: dict, ecfg: EngineConfig):
         from flax import nnx
 
-        from rstar2_jax.config import ModelConfig
         from rstar2_jax.model import Qwen3, split_policy
+        from rstar2_jax.model.config import ModelConfig
 
         self.mcfg = ModelConfig.tiny(**model_kw)
         self.graphdef, self.params = split_policy(Qwen3(self.mcfg, rngs=nnx.Rngs(0)))

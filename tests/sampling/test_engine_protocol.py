@@ -7,10 +7,10 @@ import inspect
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
-from rstar2_jax.sampling.engine_proc import ProcessEngine
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.sampling import Engine, EngineConfig, PagedEngine
+from rstar2_jax.sampling.engine_proc import ProcessEngine
 from rstar2_jax.testing.engine_host import EngineHost, ScriptedTurnsEngine
 from tests.rollout.fakes import ScriptedEngine
 from tests.sampling.test_engine_proc import TOK, make_engine, script

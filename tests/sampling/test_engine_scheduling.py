@@ -65,7 +65,7 @@ def test_seq_to_allows_exactly_the_transition_table():
 
 
 def test_releasing_every_fork_child_before_the_fork_releases_the_template(policy):
-    eng = _engine(policy, dataclasses.replace(CFG, mixed_steps=False))  # one chunk per step(): the fork is pending
+    eng = _engine(policy, dataclasses.replace(CFG, decode_steps=1))  # one chunk per step(): the fork is pending
     kids = eng.submit_group(_req(_prompt(10, 1), 4), 2)
     sched = eng.scheduler
     assert [sched.seqs[k].state for k in kids] == [SeqState.FORKING] * 2 and len(sched.waiting) == 1

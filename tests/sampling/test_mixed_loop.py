@@ -1,11 +1,14 @@
-"""The mixed loop (``EngineConfig.mixed_steps``) gives what the old path gives.
+"""The mixed loop (K iterations of decode rows + prefill/extend chunks per call) gives exactly what
+single steps give.
 
-Each test runs one workload on an engine with ``mixed_steps=True`` and on the same shape with
-``mixed_steps=False`` (and ``decode_steps=1``: every call one ``paged_step``) and compares every
-stop event: tokens, reasons and stops exactly, log-probs to 2e-6 (a token can land in a step
-variant of another shape, whose matmuls round differently in the last fp32 bit; see
-``test_decode_loop``). Pages of 4 tokens, chunks of 8: prompts and tool responses take several
-chunks, which now arrive inside K-step windows.
+Each test runs one workload on an engine with ``decode_steps=8`` and on the same shape with
+``decode_steps=1`` (every call one ``paged_step``, itself checked against the dense sampler and a
+recompute decoder in ``test_paged_engine``) and compares every stop event: tokens, reasons and
+stops exactly, log-probs to 2e-6. The loop body is the single step's math, but a schedule can put
+a row's token into a step variant of another shape (e.g. a single step that also carries another
+sequence's extend chunk), and XLA's matmuls then round differently in the last fp32 bit. Pages of
+4 tokens, chunks of 8: an 8-iteration window always crosses a page, and prompts and tool responses
+take several chunks, which arrive inside windows.
 """
 
 import dataclasses
@@ -17,7 +20,7 @@ from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temp
 from rstar2_jax.sampling import mixed_loop as mixed_mod
 from rstar2_jax.sampling.mixed_loop import mixed_loop
 from rstar2_jax.utils.compiles import CompileCounter
-from tests.sampling.test_decode_loop import _assert_same
+from rstar2_jax.utils.config_io import build
 
 MAX_LEN = 96
 BASE = dict(num_slots=4, page_size=4, max_seq_len=MAX_LEN, prefill_chunk=8, prefill_rows=1)
@@ -31,12 +34,20 @@ def _prompt(n, seed):
     return np.random.default_rng(seed).integers(0, 128, size=n).tolist()
 
 
-def _run(policy, num_pages, submit, turns=None, *, mixed, k=8, **over):
+def _assert_same(a, b):
+    assert a.keys() == b.keys()
+    for sid in a:
+        for x, y in zip(a[sid], b[sid], strict=True):
+            assert (x.tokens, x.reason, x.stop) == (y.tokens, y.reason, y.stop), sid
+            np.testing.assert_allclose(x.logprobs, y.logprobs, rtol=0, atol=2e-6)
+
+
+def _run(policy, num_pages, submit, turns=None, *, k=8, **over):
     """Step an engine to idle releasing finished sequences unless ``turns()``'s ``on_event`` keeps
     them; returns (events by seq id, stats, step() calls that ran the device)."""
     on_event = turns() if turns is not None else None
     mcfg, graphdef, params = policy
-    cfg = EngineConfig(**{**BASE, **over}, num_pages=num_pages, decode_steps=k, mixed_steps=mixed)
+    cfg = EngineConfig(**{**BASE, **over}, num_pages=num_pages, decode_steps=k)
     eng = PagedEngine(graphdef, params, mcfg, cfg, decode_fn=_decode)
     submit(eng)
     out, calls = {}, 0
@@ -54,15 +65,46 @@ def _run(policy, num_pages, submit, turns=None, *, mixed, k=8, **over):
 
 
 def _compare(policy, num_pages, submit, turns=None, **over):
-    """Old single steps, old path with the decode loop, and the mixed path: all the same events."""
-    single, s1, c1 = _run(policy, num_pages, submit, turns, mixed=False, k=1, **over)
-    old, so, co = _run(policy, num_pages, submit, turns, mixed=False, **over)
-    new, sn, cn = _run(policy, num_pages, submit, turns, mixed=True, **over)
-    _assert_same(single, old)
+    """Single steps and the mixed loop: the same events, in fewer device calls."""
+    single, s1, c1 = _run(policy, num_pages, submit, turns, k=1, **over)
+    new, sn, cn = _run(policy, num_pages, submit, turns, **over)
     _assert_same(single, new)
-    assert sn.mixed_loop_calls > 0 and so.mixed_loop_calls == 0
-    assert cn < co  # fewer device calls than the old path
-    return new, sn, (s1, so), (c1, co, cn)
+    assert sn.mixed_loop_calls > 0 and s1.mixed_loop_calls == 0
+    assert cn < c1  # fewer device calls than single steps
+    return new, sn, s1, (c1, cn)
+
+
+def test_stops_inside_a_window_and_page_boundaries(policy):
+    # decode-only windows: the first request stops on a token it first samples at index >= 3 (inside
+    # the first 8-step window); the others stop on ids that temperature-1 sampling over 128 tokens
+    # hits at some point or on budgets that are not multiples of 8
+    first = Request(prompt=_prompt(5, 1), key=0, max_new_tokens=12, sampler=Temperature())
+    probe, _, _ = _run(policy, 64, lambda e: e.submit(first), k=1)
+    toks = next(iter(probe.values()))[0].tokens
+    stop_tok = next(t for i, t in enumerate(toks) if i >= 3 and t not in toks[:i])
+
+    def submit(e):
+        e.submit(dataclasses.replace(first, stop_token_ids=(stop_tok,)))
+        for i in range(6):  # more requests than slots: admission into slots freed mid-window
+            e.submit(Request(prompt=_prompt(3 + 2 * i, 10 + i), key=i, max_new_tokens=11 + 3 * i,
+                             sampler=TopK(k=20) if i == 2 else Temperature(),
+                             stop_token_ids=tuple(range(7 * i, 7 * i + 6))))
+
+    looped, s8, s1, _ = _compare(policy, 64, submit)
+    reasons = [ev.reason for evs in looped.values() for ev in evs]
+    assert "stop_token" in reasons and "max_new_tokens" in reasons
+    cut = [len(evs[0].tokens) for evs in looped.values() if evs[0].reason == "stop_token"]
+    assert any(n % 8 for n in cut)  # a stop landed strictly inside a window
+    assert s8.decode_tokens == s1.decode_tokens and s8.steps == s1.steps  # same model steps, fewer calls
+
+
+def test_decode_only_preemption_pressure(policy):
+    # 13 usable pages x 4 = 52 positions for 4 slots growing to ~36 tokens each: reservations for a
+    # whole window often fail (the window halves or falls back to single steps, which preempt)
+    reqs = [Request(prompt=_prompt(6 + i, 50 + i), key=i, max_new_tokens=28,
+                    sampler=Greedy() if i % 2 else Temperature()) for i in range(6)]
+    _, s8, _, _ = _compare(policy, 14, lambda e: [e.submit(r) for r in reqs])
+    assert s8.preemptions > 0
 
 
 def _tool_turns(tool_len, turns):
@@ -92,9 +134,9 @@ def test_chunks_arrive_inside_windows(policy):
                              sampler=TopK(k=20) if i == 2 else Greedy() if i == 4 else Temperature(),
                              stop_token_ids=tuple(range(9 * i, 9 * i + 3))))
 
-    new, sn, (s1, so), (c1, co, cn) = _compare(policy, 128, submit, _tool_turns(11, 2))
+    new, sn, s1, _ = _compare(policy, 128, submit, _tool_turns(11, 2))
     assert sum(len(v) for v in new.values()) > 7  # resumed segments ran
-    assert sn.decode_tokens == so.decode_tokens and sn.prefill_tokens == so.prefill_tokens
+    assert sn.decode_tokens == s1.decode_tokens and sn.prefill_tokens == s1.prefill_tokens
     assert sn.discarded_tokens == 0
 
 
@@ -105,11 +147,11 @@ def test_stop_strings_decode_in_the_loop(policy):
                              sampler=Temperature(), stop_strings=("Q", "XY") if i % 2 == 0 else ("BA",),
                              stop_token_ids=tuple(range(100, 100 + 9 * (i == 1)))))  # 9 ids > STOP_WIDTH
 
-    new, sn, (s1, so), _ = _compare(policy, 128, submit, _tool_turns(9, 1))
+    new, sn, s1, _ = _compare(policy, 128, submit, _tool_turns(9, 1))
     reasons = [ev.reason for evs in new.values() for ev in evs]
     assert "stop_string" in reasons
     assert sn.discarded_tokens > 0  # rows ran past stops the device does not see, and were cut
-    assert so.decode_loop_calls < sn.decode_loop_calls + sn.mixed_loop_calls
+    assert s1.discarded_tokens == 0
 
 
 def test_preemption_pressure(policy):
@@ -130,8 +172,8 @@ def test_forks_and_resumes(policy):
         e.submit(Request(prompt=_prompt(17, 4), key=9, max_new_tokens=15, stop_strings=("Q",)))
         e.submit_group(Request(prompt=_prompt(21, 5), key=6, max_new_tokens=11, sampler=TopK(k=5)), 2)
 
-    new, sn, (s1, so), _ = _compare(policy, 128, submit, _tool_turns(10, 1))
-    assert sn.page_copies == so.page_copies == s1.page_copies == 3
+    new, sn, s1, _ = _compare(policy, 128, submit, _tool_turns(10, 1))
+    assert sn.page_copies == s1.page_copies == 3
 
 
 def test_bfloat16_kv_and_buckets(policy, monkeypatch):
@@ -155,7 +197,7 @@ def test_bfloat16_kv_and_buckets(policy, monkeypatch):
 
 def test_compiles_once_per_shape(policy):
     mcfg, graphdef, params = policy
-    cfg = EngineConfig(**BASE, num_pages=128, decode_steps=8, mixed_steps=True)
+    cfg = EngineConfig(**BASE, num_pages=128, decode_steps=8)
     counter = CompileCounter()
     sizes = []
     for r in range(2):  # a second engine of the same shape reuses every compiled variant
@@ -173,7 +215,9 @@ def test_compiles_once_per_shape(policy):
     assert sizes[0] == sizes[1]
 
 
-def test_config_validates():
-    with pytest.raises(ValueError, match="mixed_steps"):
-        EngineConfig(num_pages=8, mixed_steps=1)
-    assert dataclasses.replace(EngineConfig(num_pages=8), mixed_steps=True).mixed_steps
+def test_the_old_path_flag_is_gone():
+    # issue 43 retired ``mixed_steps=False``: a config that still sets the field fails naming it
+    with pytest.raises(TypeError, match="mixed_steps"):
+        EngineConfig(num_pages=8, mixed_steps=True)
+    with pytest.raises(ValueError, match=r"engine\.mixed_steps: unknown field"):
+        build(EngineConfig, {"num_pages": 8, "mixed_steps": True}, where="engine")

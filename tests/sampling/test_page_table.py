@@ -82,6 +82,21 @@ def test_sequence_longer_than_block_table_is_rejected():
         pt.allocate("a", 9)
 
 
+def test_truncate_gives_back_pages_and_refuses_a_shared_partial_end():
+    pt = PageTable(num_pages=10, page_size=4, max_pages_per_seq=8)
+    pt.allocate("a", 8)
+    pt.append("a", 9)  # 17 positions: 5 pages
+    assert len(pt.truncate("a", 9)) == 2 and pt.truncate("a", 9) == []  # a no-op at the same length
+    assert len(pt.pages("a")) == 3 and pt.length("a") == 9 and pt.free_pages() == 6
+    pt.check_invariants()
+    pt.fork("a", ["b"])  # b shares a's two full pages, copies the partial third
+    with pytest.raises(ValueError, match="shared partial"):
+        pt.truncate("b", 6)
+    with pytest.raises(ValueError, match="n_tokens"):
+        pt.truncate("b", 10)
+    pt.check_invariants()
+
+
 class PageTableMachine(RuleBasedStateMachine):
     """Random allocate/fork/append/free against a simulated device: every position a sequence owns
     holds the value written for it, so a shared page written by one holder would be caught."""
