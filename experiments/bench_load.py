@@ -39,7 +39,7 @@ LAYOUT_VARS = ("RSTAR2_COORDINATOR", "RSTAR2_NUM_PROCESSES", "RSTAR2_PROCESS_ID"
 
 
 def _config():
-    from rstar2_jax.config import ModelConfig
+    from rstar2_jax.model.config import ModelConfig
     return ModelConfig(vocab_size=49152, hidden_size=1024, num_layers=1, num_heads=8, num_kv_heads=4, head_dim=128,
                        intermediate_size=2048)
 
@@ -68,8 +68,8 @@ def old_load_hf(path: str, mesh):
     from flax import nnx
     from safetensors import safe_open
 
-    from rstar2_jax.config import ModelConfig
     from rstar2_jax.model import Qwen3, param_shardings
+    from rstar2_jax.model.config import ModelConfig
     from rstar2_jax.model.hf_io import _name_map, _path_key, _tensor_index, _var_path
 
     cfg = ModelConfig.from_hf(path)
@@ -92,8 +92,8 @@ def worker(method: str, ckpt: str, out: str) -> None:
     distributed.initialize(initialization_timeout=60)
     import jax
 
-    from rstar2_jax.config import MeshConfig
     from rstar2_jax.model import make_mesh
+    from rstar2_jax.model.config import MeshConfig
     from rstar2_jax.model.hf_io import load_hf
     from rstar2_jax.utils.rss import rss_gb
 

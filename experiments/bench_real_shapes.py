@@ -1,9 +1,9 @@
 """A Qwen3-0.6B-shaped run on CPU: the real tokenizer, template, engines and sandbox at real shapes.
 
-Policy: Qwen3-0.6B's config (``plan.PRESETS``: 28 layers, hidden 1024, 16/8 heads of 128, MLP 3072,
+Policy: Qwen3-0.6B's config (``model.presets.PRESETS``: 28 layers, hidden 1024, 16/8 heads of 128, MLP 3072,
 vocabulary 151,936, tied), random weights, params and compute in bf16 (fp32 would need ~20 GB here:
 params, AdamW moments, the fp32 gradient accumulator, the layer-stack copies and the engine's copy;
-``python -m rstar2_jax.plan`` shows the split). Tokenizer: Qwen3's, built offline
+``python -m rstar2_jax.run.plan`` shows the split). Tokenizer: Qwen3's, built offline
 (``rstar2_jax.qwen_tokenizer``). Template: ``TemplateConfig.release()`` on real AIME24 problems
 (``--data``; the shortest prompts, ~455 tokens). Through the recipe's driver (``run.driver.run``):
 one SFT step on one chat record (the problem, a real tool call, the sandbox's answer, the boxed
@@ -16,7 +16,7 @@ the log-prob recompute, RoC, the verifier and the weight sync are the real ones.
 Reports the process's peak RSS (VmHWM; per phase too, reset between phases through
 ``/proc/self/clear_refs`` where the kernel allows), the time of each stage (SFT; per RL step rollout,
 reward, train, sync), XLA compile time (``jax.monitoring``), tokens/s (trained tokens per second of
-the update, and the engine's), and the memory plan's prediction (``rstar2_jax.plan`` with this run's
+the update, and the engine's), and the memory plan's prediction (``rstar2_jax.run.plan`` with this run's
 shapes, the measured baseline RSS as its runtime allowance) against the measured peak. Asserts a
 finite loss, n_kept > 0 and 0 compilations on the second RL step.
 
@@ -25,7 +25,7 @@ finite loss, n_kept > 0 and 0 compilations on the second RL step.
 
 Measured (docs/design.md §6.2, 2 cores, alone): 28 layers peak RSS 18.85 GB, RL steps ~150 s, 459 s
 in all; ``--trace`` puts the peak in the update and shows the step-0 checkpoint's host staging. Since
-``rstar2_jax.plan_xla`` split the update's transients (the vocabulary tables' extra gradient buffers
+``rstar2_jax.run.plan_xla`` split the update's transients (the vocabulary tables' extra gradient buffers
 with bf16 params, the unrolled stack's activations) the plan is 0.82x the 28-layer peak and 0.87x the
 2-layer slice's (6.31 GB).
 """
@@ -107,7 +107,7 @@ def release_script(problems, tok, tpl):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data" / "aime24.jsonl"))
-    ap.add_argument("--model", default="Qwen3-0.6B", help="a plan.PRESETS name, or 'tiny' (a smoke test)")
+    ap.add_argument("--model", default="Qwen3-0.6B", help="a model.presets.PRESETS name, or 'tiny' (a smoke test)")
     ap.add_argument("--layers", type=int, default=None, help="keep the first N layers (default: all)")
     ap.add_argument("--dtype", default="bfloat16", help="params and compute")
     ap.add_argument("--scan", action="store_true", help="scan the layer stack (ModelConfig's default; costs two "
@@ -134,12 +134,12 @@ def main(argv: list[str] | None = None) -> int:
     from flax import nnx
 
     from rstar2_jax import distributed
-    from rstar2_jax.config import MeshConfig, ModelConfig
     from rstar2_jax.data.chat import render_records
     from rstar2_jax.data.datasets import load_dataset
     from rstar2_jax.learner import LearnerConfig
     from rstar2_jax.model import Qwen3, make_mesh, split_policy
-    from rstar2_jax.plan import GB, PRESETS, PlanInput, make_plan
+    from rstar2_jax.model.config import MeshConfig, ModelConfig
+    from rstar2_jax.model.presets import PRESETS
     from rstar2_jax.qwen_tokenizer import qwen3_tokenizer
     from rstar2_jax.rewards import RewardFn
     from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
@@ -148,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax.rollout.service import Rollout
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
     from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, rl_rows, run
+    from rstar2_jax.run.plan import GB, PlanInput, make_plan
     from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature, kv_cache
     from rstar2_jax.sampling.placement import PlacementConfig, plan_placement
     from rstar2_jax.sampling.scripted import ScriptedPolicy

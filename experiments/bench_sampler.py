@@ -29,8 +29,8 @@ import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from rstar2_jax.config import ModelConfig  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
+from rstar2_jax.model.config import ModelConfig  # noqa: E402
 from rstar2_jax.sampling import (DenseSampler, EngineConfig, PagedEngine, Request, Temperature,  # noqa: E402
                                  child_key_data, naive_generate)
 from rstar2_jax.utils.bench import Metric, report  # noqa: E402

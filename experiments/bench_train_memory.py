@@ -38,7 +38,7 @@ def _rss_gb(field: str) -> float:
 
 
 def _config(path: str, layers: int):
-    from rstar2_jax.config import ModelConfig
+    from rstar2_jax.model.config import ModelConfig
     return ModelConfig(vocab_size=151936, hidden_size=1024, num_layers=layers, num_heads=16, num_kv_heads=8,
                        head_dim=128, intermediate_size=3072, tie_embeddings=True, **PATHS[path])
 

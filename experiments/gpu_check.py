@@ -29,8 +29,8 @@ def case(impl: str, t: int, layers: int, dtype: str) -> dict:
     import jax.numpy as jnp
     from flax import nnx
 
-    from rstar2_jax.config import ModelConfig
     from rstar2_jax.model import Qwen3, split_policy, token_logprobs
+    from rstar2_jax.model.config import ModelConfig
 
     cfg = ModelConfig(vocab_size=151936, hidden_size=1024, num_layers=layers, num_heads=16, num_kv_heads=8,
                       head_dim=128, intermediate_size=3072, tie_embeddings=True, dtype=dtype, param_dtype=dtype,

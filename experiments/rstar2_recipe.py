@@ -25,26 +25,27 @@ import jax
 from flax import nnx
 
 from rstar2_jax import distributed
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.data.chat import render_records, validate_record
 from rstar2_jax.data.datasets import iter_jsonl, load_dataset, write_jsonl
 from rstar2_jax.eval import EvalConfig
 from rstar2_jax.learner import LearnerConfig
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
-from rstar2_jax.recipe import STAGES, RecipeConfig, RecipeSchedule
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl import OptimConfig, RLConfig
 from rstar2_jax.rl.checkpoint import abstract_train_state
 from rstar2_jax.rollout.dispatcher import RolloutConfig
-from rstar2_jax.sampling.scripted import ScriptedPolicy
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.template import TemplateConfig, render_prompt
-from rstar2_jax.sampling.weight_sync import WeightSync
 from rstar2_jax.run.driver import Parts, RunConfig, SFTPart, rl_rows, run, write_plots
+from rstar2_jax.run.plan import load_recipe
+from rstar2_jax.run.recipe import STAGES, RecipeConfig, RecipeSchedule
 from rstar2_jax.run.resume import ResumeError
 from rstar2_jax.run.scripted import mixed_script
 from rstar2_jax.sampling import Greedy, PagedEngine, Temperature
 from rstar2_jax.sampling.placement import plan_placement
+from rstar2_jax.sampling.scripted import ScriptedPolicy
+from rstar2_jax.sampling.weight_sync import WeightSync
 from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.sandbox.check import check_pool
 from rstar2_jax.sft import SFTConfig, shard_owner
@@ -134,7 +135,7 @@ def check_prompts(problems, path: str, tok, tpl, max_prompt_tokens: int) -> int:
         if n > max_prompt_tokens:
             raise SystemExit(f"config error: {path}: problem {i + 1} (id {p.id!r}) renders to a {n}-token prompt, "
                              f"more than max_prompt_tokens = {max_prompt_tokens} (the memory plan's assumption; raise "
-                             f"it, re-plan with python -m rstar2_jax.plan, or drop the problem)")
+                             f"it, re-plan with python -m rstar2_jax.run.plan, or drop the problem)")
         longest = max(longest, n)
     return longest
 
@@ -153,7 +154,7 @@ def load_config(args) -> RecipeConfig:
         raise SystemExit(f"config error: --set {unknown[0]}: unknown field (known: {sorted(known)})")
     overrides.update(args.set)
     try:
-        return RecipeConfig.dry_run(**overrides) if args.dry_run else RecipeConfig.from_json(args.config, **overrides)
+        return RecipeConfig.dry_run(**overrides) if args.dry_run else load_recipe(args.config, **overrides)
     except ValueError as e:
         raise SystemExit(f"config error: {e}") from None
 

@@ -29,8 +29,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rstar2_jax.config import MeshConfig, ModelConfig  # noqa: E402
 from rstar2_jax.model import Qwen3, make_mesh, split_policy  # noqa: E402
+from rstar2_jax.model.config import MeshConfig, ModelConfig  # noqa: E402
 from rstar2_jax.rl.config import OptimConfig, RLConfig  # noqa: E402
 from rstar2_jax.rl.train_step import init_train_state, make_train_step, shard_batch  # noqa: E402
 

@@ -9,10 +9,10 @@ import pytest
 from flax import nnx
 
 from rstar2_jax.async_loop import AsyncConfig, AsyncRL, stale_filter, staleness_counts, weights_index
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.learner import Learner, LearnerConfig
 from rstar2_jax.loop import rl_step
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
 from rstar2_jax.rl.train_step import init_train_state

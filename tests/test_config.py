@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from rstar2_jax.config import MeshConfig, ModelConfig
+from rstar2_jax.model.config import MeshConfig, ModelConfig
 
 pytestmark = pytest.mark.fast
 

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.learner import Learner, LearnerConfig
 from rstar2_jax.loop import rl_step
 from rstar2_jax.metrics import positive_tool_error_rate, trajectory_stats
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
 from rstar2_jax.rl.train_step import init_train_state, make_logprob_fn, make_train_step, shard_batch

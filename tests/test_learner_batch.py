@@ -57,9 +57,9 @@ def _learner_and_batch(trajs, pack, rows, micro, agg):
     import jax
     from flax import nnx
 
-    from rstar2_jax.config import ModelConfig
     from rstar2_jax.learner import F, SELECT_FIELDS, Learner, LearnerConfig, Selection
     from rstar2_jax.model import Qwen3, split_policy
+    from rstar2_jax.model.config import ModelConfig
     from rstar2_jax.rl import LossConfig, RLConfig
     from rstar2_jax.rl.train_step import init_train_state
 

@@ -16,8 +16,8 @@ import pytest
 from flax import nnx
 
 from rstar2_jax import distributed
-from rstar2_jax.config import MeshConfig, ModelConfig
 from rstar2_jax.model import Qwen3, make_mesh, shard_params, split_policy
+from rstar2_jax.model.config import MeshConfig, ModelConfig
 from rstar2_jax.rl.train_step import shard_batch
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""The memory plan (``rstar2_jax.plan``): hand-computed arithmetic, presets, the recipe's refusal."""
+"""The memory plan (``rstar2_jax.run.plan``): hand-computed arithmetic, presets, the recipe's refusal."""
 
 import dataclasses
 import json
@@ -6,11 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_jax.config import ModelConfig
-from rstar2_jax.plan import (DEVICE_MEMORY_ENV, GB, MARGIN, MEM_FRACTION_ENV, NONE_FACTOR, PASS_FACTOR, PRESETS,
-                             SHIPPED, PlanInput, check_memory_fraction, make_plan, param_counts, preset)
-from rstar2_jax.plan import main as plan_main
-from rstar2_jax.recipe import RecipeConfig
+from rstar2_jax.model.config import ModelConfig
+from rstar2_jax.model.presets import PRESETS, preset
+from rstar2_jax.run.plan import (DEVICE_MEMORY_ENV, GB, MARGIN, MEM_FRACTION_ENV, NONE_FACTOR, PASS_FACTOR, SHIPPED,
+                                 PlanInput, check_memory_fraction, load_recipe, make_plan, param_counts)
+from rstar2_jax.run.plan import main as plan_main
+from rstar2_jax.run.recipe import RecipeConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -147,9 +148,9 @@ def test_new_rows_by_hand_on_a_tiny_config():
 def test_from_recipe_reads_the_recipe_fields():
     import dataclasses
 
-    from rstar2_jax.config import MeshConfig
-    from rstar2_jax.plan import from_recipe
+    from rstar2_jax.model.config import MeshConfig
     from rstar2_jax.rl.config import LossConfig
+    from rstar2_jax.run.plan import from_recipe
 
     cfg = RecipeConfig(mesh=MeshConfig(data=1, fsdp=8, tensor=1), engines=1, devices_per_engine=8,
                        max_prompt_tokens=2048, max_staleness=2)
@@ -192,8 +193,9 @@ def test_the_recipe_refuses_a_config_that_does_not_fit(tmp_path, monkeypatch):
     # Qwen3-0.6B's shape on the 8 test devices of 16 GB: the shipped config (a 40 GB K/V pool per engine) cannot fit
     path = _recipe_config(tmp_path, PRESETS["Qwen3-0.6B"])
     monkeypatch.setenv(DEVICE_MEMORY_ENV, "16")  # physical GB; usable = 16 x memory_fraction 0.9 = 14.4
+    assert RecipeConfig.from_json(path)  # reading the config alone plans nothing (asks JAX for no devices)
     with pytest.raises(ValueError) as e:
-        RecipeConfig.from_json(path)
+        load_recipe(path)
     msg = str(e.value)
     assert msg.startswith(f"{path}: the run does not fit the devices' memory (16.0 GB each, usable 14.4 GB at "
                           "memory_fraction 0.9")
@@ -202,11 +204,11 @@ def test_the_recipe_refuses_a_config_that_does_not_fit(tmp_path, monkeypatch):
                 "largest RL micro-batch that fits"):
         assert row in msg
     # small enough batches and pool: accepted
-    assert RecipeConfig.from_json(path, problems_per_step=8, group=1, samples_per_problem=1, stage2_budget=1024,
-                                  stage1_budget=1024, eval_budget=1024, sft_batch=8, sft_seq_len=1024,
-                                  kv_memory_gb=1.0, micro_batch=None)
+    assert load_recipe(path, problems_per_step=8, group=1, samples_per_problem=1, stage2_budget=1024,
+                       stage1_budget=1024, eval_budget=1024, sft_batch=8, sft_seq_len=1024, kv_memory_gb=1.0,
+                       micro_batch=None)
     monkeypatch.delenv(DEVICE_MEMORY_ENV)  # CPU reports no memory limit: no check
-    assert RecipeConfig.from_json(path)
+    assert load_recipe(path)
 
 
 def test_the_recipe_refuses_a_mesh_that_does_not_match_the_devices(tmp_path, monkeypatch):
@@ -214,7 +216,7 @@ def test_the_recipe_refuses_a_mesh_that_does_not_match_the_devices(tmp_path, mon
     monkeypatch.setenv(DEVICE_MEMORY_ENV, "192")
     with pytest.raises(ValueError, match=r"c.json: the mesh \(data 1, fsdp 8, tensor 8\) does not match the run's 8 "
                                          r"devices \(1 processes x 8\): MeshConfig data\*fsdp\*tensor = 64"):
-        RecipeConfig.from_json(path)
+        load_recipe(path)
 
 
 def test_memory_fraction_env_must_match_the_config(tmp_path, monkeypatch):
@@ -229,13 +231,13 @@ def test_memory_fraction_env_must_match_the_config(tmp_path, monkeypatch):
     monkeypatch.delenv(MEM_FRACTION_ENV)
     check_memory_fraction(0.9, "gpu")  # unset: nothing to disagree with
     # through the recipe: an accelerator backend with the env set to another share
-    import rstar2_jax.plan as plan_mod
+    import rstar2_jax.run.plan as plan_mod
 
     path = _recipe_config(tmp_path, PRESETS["Qwen3-0.6B"])
     monkeypatch.setattr(plan_mod, "_backend", lambda: "gpu")
     monkeypatch.setenv(MEM_FRACTION_ENV, "0.5")
     with pytest.raises(ValueError, match=rf"c.json: {MEM_FRACTION_ENV}=0.5 but the config's memory_fraction is 0.9"):
-        RecipeConfig.from_json(path)
+        load_recipe(path)
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -249,8 +251,8 @@ def test_every_shipped_config_fits_its_hardware_with_the_margin(name, capsys):
     assert f"{devices} devices" in out and ": fits" in out
     assert f"device memory {gb:.1f} GB x memory_fraction {raw['memory_fraction']:.2f}" in out
     # the same plan by hand: peak within usable less 5%
-    from rstar2_jax.config import MeshConfig
-    from rstar2_jax.plan import from_recipe
+    from rstar2_jax.model.config import MeshConfig
+    from rstar2_jax.run.plan import from_recipe
 
     cfg = RecipeConfig(**{**raw, "model_path": None, "sft_data": None, "rl_data": None, "eval_data": None,
                           "mesh": MeshConfig(**raw["mesh"])})
@@ -276,8 +278,8 @@ def test_update_rows_match_xla_own_plan_at_real_widths(scan):
     # (compile only, nothing allocated). Unrolled, XLA keeps every layer's activations (plan: s = w).
     import dataclasses
 
-    from rstar2_jax.plan_xla import xla_plan
     from rstar2_jax.rl import RLConfig
+    from rstar2_jax.run.plan_xla import xla_plan
 
     m = dataclasses.replace(PRESETS["Qwen3-0.6B"], num_layers=2, vocab_size=32768, dtype="bfloat16",
                             param_dtype="bfloat16", scan_layers=scan, max_position_embeddings=4096)
@@ -297,10 +299,10 @@ def test_update_row_matches_xla_own_plan_on_a_shipped_mesh():
     # pi_old pass against XLA's sharded plan (compile only, nothing allocated)
     import jax
 
-    from rstar2_jax.config import MeshConfig
     from rstar2_jax.model import make_mesh
-    from rstar2_jax.plan_xla import xla_plan
+    from rstar2_jax.model.config import MeshConfig
     from rstar2_jax.rl import RLConfig
+    from rstar2_jax.run.plan_xla import xla_plan
 
     raw = json.loads((REPO / "experiments/configs/rstar2_8b_8x80gb.json").read_text())
     assert raw["mesh"] == {"data": 1, "fsdp": 8, "tensor": 1} and jax.device_count() == 8
@@ -339,8 +341,8 @@ def test_a_learner_engine_split_puts_each_side_on_its_own_devices():
         _tiny_input(devices=8, devices_per_process=8, mesh=(1, 4, 1), engines_per_process=3, devices_per_engine=2,
                     learner_devices_per_process=4)
     # from a recipe config: the mesh covers the learner's share, the engines default to the rest
-    from rstar2_jax.config import MeshConfig
-    from rstar2_jax.plan import from_recipe
+    from rstar2_jax.model.config import MeshConfig
+    from rstar2_jax.run.plan import from_recipe
 
     cfg = RecipeConfig.dry_run(mesh=MeshConfig(data=1, fsdp=-1, tensor=1), learner_devices=4, devices_per_engine=2)
     got = from_recipe(cfg, ModelConfig.tiny(), devices=16, devices_per_process=8)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_jax.recipe import RecipeConfig, filter_unsolved, next_stage, truncation_settled
+from rstar2_jax.run.recipe import RecipeConfig, filter_unsolved, next_stage, truncation_settled
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
 

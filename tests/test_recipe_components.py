@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_jax.recipe import RECIPE_SANDBOX, RecipeConfig
 from rstar2_jax.rl.config import AdvantageKind, CorrectionLevel, KLEstimator, LossKind
+from rstar2_jax.run.recipe import RECIPE_SANDBOX, RecipeConfig
 from rstar2_jax.utils.config_io import build, set_dotted, to_plain
 from tests.test_recipe import _full_config
 

@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.hf_io import export_hf
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 from rstar2_jax.tokenizer import CHAT_SPECIALS, HFTokenizer, train_byte_bpe
@@ -113,7 +113,7 @@ def _record_built(monkeypatch, script) -> dict:
 def test_full_recipe_path_on_an_hf_directory(run_dir, capsys, monkeypatch):
     import rstar2_recipe
 
-    from rstar2_jax.recipe import RecipeConfig
+    from rstar2_jax.run.recipe import RecipeConfig
 
     built = _record_built(monkeypatch, rstar2_recipe)
 

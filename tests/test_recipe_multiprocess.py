@@ -108,10 +108,10 @@ def _final(out: Path) -> tuple[dict, list[np.ndarray]]:
     """The newest checkpoint's cursor and params, restored in this (one) process."""
     from flax import nnx
 
-    from rstar2_jax.config import ModelConfig
     from rstar2_jax.model import Qwen3, split_policy
-    from rstar2_jax.recipe import RecipeConfig
+    from rstar2_jax.model.config import ModelConfig
     from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
+    from rstar2_jax.run.recipe import RecipeConfig
     from rstar2_jax.tokenizer import ByteTokenizer
 
     sys.path.insert(0, str(ROOT / "experiments"))

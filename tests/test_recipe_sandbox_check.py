@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_jax.recipe import RECIPE_SANDBOX
+from rstar2_jax.run.recipe import RECIPE_SANDBOX
 from rstar2_jax.sandbox.check import WeakerSandboxError, check_pool, shortfall
 from rstar2_jax.sandbox.isolation import Isolation
 from rstar2_jax.sandbox.limits import SandboxLimits

@@ -2,7 +2,7 @@
 # One node of 8 x 80 GB GPUs (H100 80GB HBM3 or A100 80GB; planned at 79.6 GB, the H100's 81,559 MiB):
 # Qwen3-14B-Base, config experiments/configs/rstar2_14b_8x80gb.json, one process. Trainer mesh fsdp 4 x tensor 2,
 # RL micro-batches of 4 rows (1 per fsdp shard), SFT of 4, one TP-8 engine (bf16 weights) with a 32 GB K/V pool.
-# Plan: python -m rstar2_jax.plan --config experiments/configs/rstar2_14b_8x80gb.json --device-memory 79.6
+# Plan: python -m rstar2_jax.run.plan --config experiments/configs/rstar2_14b_8x80gb.json --device-memory 79.6
 # (table and what changed from the paper in experiments/configs/README.md).
 #   bash experiments/configs/rstar2_14b_8x80gb.sh            # start
 #   bash experiments/configs/rstar2_14b_8x80gb.sh --resume   # continue after a crash

@@ -1,7 +1,7 @@
 #!/bin/bash
 # One node of 8 x 80 GB GPUs (H100 80GB HBM3 or A100 80GB; planned at 79.6 GB, the H100's 81,559 MiB):
 # Qwen3-8B-Base, config experiments/configs/rstar2_8b_8x80gb.json, one process. RL micro-batches of 8 rows (1 per device), SFT of 16, four TP-2 engines with 24 GB K/V pools each.
-# Plan: python -m rstar2_jax.plan --config experiments/configs/rstar2_8b_8x80gb.json --device-memory 79.6
+# Plan: python -m rstar2_jax.run.plan --config experiments/configs/rstar2_8b_8x80gb.json --device-memory 79.6
 # (table and what changed from the paper in experiments/configs/README.md).
 #   bash experiments/configs/rstar2_8b_8x80gb.sh            # start
 #   bash experiments/configs/rstar2_8b_8x80gb.sh --resume   # continue after a crash

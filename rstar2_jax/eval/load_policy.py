@@ -27,8 +27,8 @@ from typing import Any, Mapping, Sequence
 from flax import nnx
 from jax.sharding import Mesh
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sampling import EngineConfig, PagedEngine
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer

@@ -42,7 +42,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.qwen3 import Qwen3
 from rstar2_jax.model.sharding import param_shardings
 

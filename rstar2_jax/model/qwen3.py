@@ -23,8 +23,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jaxtyping import Array, Float, Int
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model.attention import blockwise_attention, causal_segment_mask, dense_attention
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.sharding import constrain
 
 # attend(layer_idx, q_btnh, k_btkh, v_btkh, kv_layer) -> (out_btnh, new_kv_layer).

@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rstar2_jax.config import MeshConfig
+from rstar2_jax.model.config import MeshConfig
 
 MeshAxis = str | tuple[str, ...] | None  # one mesh axis, several (major first), or None: replicated
 LOGICAL_AXES = ("batch", "vocab", "embed", "q_heads", "kv_heads", "mlp", "head_dim", "norm")

@@ -117,7 +117,7 @@ class Parts:
     graphdef: Any
     # the initial policy, placed (the trainer mesh's layout, or one device); handed over: the run sets it to
     # None once SFT has started from it, so the initial copy does not stay on the devices beside the train
-    # state for the whole run (the caller should hold no other reference; rstar2_jax/plan.py counts it in SFT)
+    # state for the whole run (the caller should hold no other reference; rstar2_jax/run/plan.py counts it in SFT)
     params: Any
     mesh: Any  # the training mesh (None: one device)
     rl: RLConfig
@@ -257,7 +257,7 @@ class _Run:
                 "heldout_response_len": s["mean_response_tokens"]}
 
     def filter(self) -> None:
-        from rstar2_jax.recipe import filter_unsolved
+        from rstar2_jax.run.recipe import filter_unsolved
 
         pool = list(self.p.schedule.filter_problems())
         ecfg, k = self.p.schedule.filter_eval()

@@ -22,8 +22,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import apply, head_weight, logits as model_logits
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.sampling.engine import key_data as _key_data
 from rstar2_jax.sampling.kv_cache import KV_BLOCK, attention_over_keys, attention_over_kv_blocks, map_rows
 from rstar2_jax.sampling.sampling_fns import Sampler, Temperature, sample_rows

@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model.attention import dense_attention
+from rstar2_jax.model.config import ModelConfig
 
 KVLayer = tuple[jax.Array, jax.Array]  # (k_pages [P,Z,K,H], v_pages [P,Z,K,H])
 # A decode kernel: (q_rnh, layer, block_tables_rm, lengths_r) -> out_rnh for single-query rows whose

@@ -35,7 +35,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.sharding import ENGINE_AXES, ENGINE_RULES
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")

@@ -1,7 +1,7 @@
 """Where a CPU run's memory goes: the process's RSS sampled in a thread, attributed to the calls that ran.
 
 On CPU the device memory is the process's memory, so a run's peak RSS is what the memory plan
-(``rstar2_jax.plan``) predicts. :class:`RssTrace` samples ``VmRSS`` every ``period_s`` and, for each
+(``rstar2_jax.run.plan``) predicts. :class:`RssTrace` samples ``VmRSS`` every ``period_s`` and, for each
 wrapped method, records the RSS before the call, the highest sample during it and the RSS after it
 (GB), so a table says which stage of a run holds what (``experiments/bench_real_shapes.py --trace``).
 

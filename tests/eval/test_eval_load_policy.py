@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.eval import PolicyLoadError, build_engines, load_checkpoint_policy, load_hf_policy, load_policy
 from rstar2_jax.eval.load_policy import toy_model_config
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.hf_io import export_hf
 from rstar2_jax.rl import OptimConfig, RLConfig
 from rstar2_jax.rl.checkpoint import Checkpointer

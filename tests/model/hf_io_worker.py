@@ -33,8 +33,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
-from rstar2_jax.config import MeshConfig  # noqa: E402
 from rstar2_jax.model import make_mesh  # noqa: E402
+from rstar2_jax.model.config import MeshConfig  # noqa: E402
 from rstar2_jax.model.hf_io import _name_map, _path_key, _tensor_index, _var_path, export_hf, load_hf  # noqa: E402
 from rstar2_jax.utils.rss import rss_gb  # noqa: E402
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import (Qwen3, blockwise_attention, causal_segment_mask, dense_attention, split_policy,
                               token_logprobs)
 from rstar2_jax.model.attention_gpu import pallas_gpu_attention
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.utils.compiles import CompileCounter
 from tests.fast_compile import jit_fast
 

@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from rstar2_jax.config import MeshConfig, ModelConfig
 from rstar2_jax.model import logits, make_mesh
+from rstar2_jax.model.config import MeshConfig, ModelConfig
 from rstar2_jax.model.hf_io import CheckpointError, export_hf, load_hf
 
 torch = pytest.importorskip("torch")

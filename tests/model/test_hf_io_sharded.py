@@ -14,9 +14,9 @@ import pytest
 from flax import nnx
 from safetensors import safe_open
 
-from rstar2_jax.config import MeshConfig, ModelConfig
 from rstar2_jax.model import Qwen3, make_mesh, param_shardings, shard_params, split_policy
 from rstar2_jax.model import hf_io
+from rstar2_jax.model.config import MeshConfig, ModelConfig
 from rstar2_jax.model.hf_io import CheckpointError, export_hf, load_hf
 from tests.test_multiprocess import _free_port, _run_all, _spawn
 

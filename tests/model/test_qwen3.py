@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import MeshConfig, ModelConfig
 from rstar2_jax.model import (batch_sharding, logits, make_mesh, naive_token_logprobs, shard_params,
                               split_policy, token_logprobs, Qwen3)
+from rstar2_jax.model.config import MeshConfig, ModelConfig
 from tests.fast_compile import jit_fast
 
 

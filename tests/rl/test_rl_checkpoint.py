@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rl.checkpoint import Checkpointer, LegacyTrainState, abstract_train_state
 from rstar2_jax.rl.config import RLConfig
 from rstar2_jax.rl.train_step import init_train_state

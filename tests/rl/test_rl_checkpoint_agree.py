@@ -18,9 +18,9 @@ import jax.numpy as jnp
 import pytest
 from flax import nnx
 
-import rstar2_jax.rl.checkpoint as ck
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
+import rstar2_jax.rl.checkpoint as ck
 from rstar2_jax.rl.checkpoint import CheckpointError, Checkpointer, abstract_train_state, combined_reason, common_steps
 from rstar2_jax.rl.config import RLConfig
 from rstar2_jax.rl.train_step import init_train_state

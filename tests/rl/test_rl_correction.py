@@ -178,8 +178,8 @@ def test_correction_config_validation_and_default_off():
 def test_async_runs_default_to_truncated_token_is():
     """RecipeConfig.correction null (the default): off when synchronous, ASYNC_CORRECTION (token TIS, C = 2)
     when max_staleness > 0 with π_old recomputed; an explicit component, {} included, wins (docs/design.md §5.1)."""
-    from rstar2_jax.recipe import RecipeConfig
     from rstar2_jax.rl.config import ASYNC_CORRECTION
+    from rstar2_jax.run.recipe import RecipeConfig
 
     assert (ASYNC_CORRECTION.is_level, ASYNC_CORRECTION.is_cap, ASYNC_CORRECTION.mask_level) == ("token", 2.0, "none")
     assert RecipeConfig().correction is None and not RecipeConfig().rl_config().correction.enabled

@@ -10,8 +10,8 @@ import optax
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import MeshConfig, ModelConfig
 from rstar2_jax.model import Qwen3, make_mesh, param_shardings, shard_params, split_policy
+from rstar2_jax.model.config import MeshConfig, ModelConfig
 from rstar2_jax.rl.config import OptimConfig, RLConfig
 from rstar2_jax.rl.train_step import (init_train_state, lr_schedule, make_logprob_fn, make_optimizer,
                                       make_train_step, reset_optimizer, shard_batch)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-import rstar2_jax.rl.train_step as ts
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.learner import Learner, LearnerConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards.format import format_stats
 from rstar2_jax.rl.advantages import compute_advantages
 from rstar2_jax.rl.config import AdvantageConfig, LossConfig, LossKind, OptimConfig, RLConfig, RocConfig
+import rstar2_jax.rl.train_step as ts
 from rstar2_jax.rl.train_step import init_train_state, make_train_step, shard_batch
 from rstar2_jax.rollout.trajectory import ToolRecord, Trajectory
 from rstar2_jax.utils.compiles import CompileCounter

@@ -12,8 +12,8 @@ import pytest
 from flax import nnx
 
 from rstar2_jax.admission import AdmissionConfig
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig, render_prompt
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig

@@ -13,8 +13,8 @@ import pytest
 from flax import nnx
 
 from rstar2_jax.async_loop import oldest_version, stale_filter, staleness_counts
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rollout import TemplateConfig
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.messages import PushWeights

@@ -4,8 +4,8 @@ so jitted steps of a shape compiled by one module are reused by the next)."""
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 
 
 @pytest.fixture(scope="session")

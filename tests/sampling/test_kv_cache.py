@@ -76,7 +76,7 @@ def test_copy_pages_copies_every_layer_and_null_pairs_are_noops():
 
 
 def test_pages_for_budget_counts_k_and_v_of_all_layers():
-    from rstar2_jax.config import ModelConfig
+    from rstar2_jax.model.config import ModelConfig
     cfg = ModelConfig.tiny()  # 2 layers, 2 kv heads, head_dim 16, fp32
     # one page of 8 tokens = 2 (K,V) * 2 layers * 8 * 2 * 16 * 4 bytes = 4096 bytes
     assert kv_cache.page_bytes(cfg, 8) == 4096

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature
 from rstar2_jax.sampling.kv_transfer import SeqExport
 

@@ -12,12 +12,12 @@ import jax
 from flax import nnx
 
 from rstar2_jax.admission import AdmissionConfig
-from rstar2_jax.config import ModelConfig
 from rstar2_jax.model import Qwen3, split_policy
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
-from rstar2_jax.sampling.scripted import ScriptedPolicy
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sampling import EngineConfig, PagedEngine
+from rstar2_jax.sampling.scripted import ScriptedPolicy
 from rstar2_jax.tokenizer import ByteTokenizer
 from tests.rollout.fakes import InstantPool, StepClock
 

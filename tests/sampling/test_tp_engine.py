@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature
 from rstar2_jax.sampling.placement import (EngineLayout, PlacementConfig, leaf_devices, plan_placement,
                                            tp_split)

@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.config import MeshConfig, ModelConfig
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
+from rstar2_jax.model.config import MeshConfig, ModelConfig
 from rstar2_jax.rl.config import OptimConfig, RLConfig
 from rstar2_jax.rl.train_step import init_train_state, make_train_step, shard_batch
-from rstar2_jax.sampling.weight_sync import WeightSync
 from rstar2_jax.sampling import EngineConfig, PagedEngine
 from rstar2_jax.sampling.placement import PlacementConfig, leaf_devices, plan_placement
+from rstar2_jax.sampling.weight_sync import WeightSync
 
 ECFG = EngineConfig(num_slots=2, page_size=4, max_seq_len=32, num_pages=8, prefill_chunk=8)
 

@@ -33,7 +33,7 @@ def ray_pool(ray_local):
 
 
 def test_backend_by_name_and_recipe_config():
-    from rstar2_jax.recipe import RecipeConfig
+    from rstar2_jax.run.recipe import RecipeConfig
 
     with pytest.raises(ValueError, match="sandbox backend must be one of"):
         open_pool("kubernetes", workers=1, limits=FAST)

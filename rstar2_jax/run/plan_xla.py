@@ -13,7 +13,7 @@ it (the engines, the kept initial params); ``temp`` is what the plan's gradients
 activation rows estimate. A CPU process holds more than XLA's plan: the allocator keeps freed buffers,
 and the runtime's share is the plan's ``runtime`` row.
 
-    python -m rstar2_jax.plan_xla --model Qwen3-0.6B --layers 2 --rows 2 --seq-len 640
+    python -m rstar2_jax.run.plan_xla --model Qwen3-0.6B --layers 2 --rows 2 --seq-len 640
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def table(plans: dict[str, XlaMemory]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="Qwen3-0.6B", help="a plan.PRESETS name")
+    ap.add_argument("--model", default="Qwen3-0.6B", help="a model.presets.PRESETS name")
     ap.add_argument("--layers", type=int, default=None, help="keep the first N layers (default: all)")
     ap.add_argument("--dtype", default="bfloat16", help="params and compute")
     ap.add_argument("--scan", action="store_true", help="scan the layer stack (default: unrolled)")
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--micro-batch", type=int, default=None, help="RLConfig.micro_batch_size (default: all rows)")
     ap.add_argument("--chunk", type=int, default=128, help="RLConfig.logprob_chunk_size")
     args = ap.parse_args(argv)
-    from rstar2_jax.plan import PRESETS
+    from rstar2_jax.model.presets import PRESETS
     from rstar2_jax.rl import RLConfig
 
     base = PRESETS[args.model]

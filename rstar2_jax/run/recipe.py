@@ -21,7 +21,7 @@ import numpy as np
 
 from rstar2_jax.admission.config import AdmissionConfig
 from rstar2_jax.async_loop import AsyncConfig
-from rstar2_jax.config import MeshConfig
+from rstar2_jax.model.config import MeshConfig
 from rstar2_jax.rl.config import (ROC_MODES, ASYNC_CORRECTION, AdvantageConfig, CorrectionConfig, LossConfig,
                                   OldLogpSource, OptimConfig, RLConfig, RocConfig, RocMode)
 from rstar2_jax.sampling.engine_config import EngineConfig
@@ -143,7 +143,7 @@ class RecipeConfig:
     # trajectories per rollout batch that a failing engine command may error (counted and warned, with the
     # traceback) before the step fails; 0: any failing command fails the step (rollout.dispatcher)
     max_errored: int = 0
-    # memory (rstar2_jax/plan.py): the longest rendered prompt (system prompt and template included) the
+    # memory (rstar2_jax/run/plan.py): the longest rendered prompt (system prompt and template included) the
     # plan assumes; the recipe refuses data with a longer one, naming the file and the line
     max_prompt_tokens: int = 1024
     # the share of each device's memory XLA may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION; XLA's default
@@ -308,10 +308,7 @@ class RecipeConfig:
             raise ValueError(f"{path}: field {missing[0]!r} is required (a local "
                              f"{_PATHS[missing[0]]}; see experiments/configs/rstar2_14b.json)")
         try:
-            cfg = cls(**_with_overrides(raw, overrides))
-            from rstar2_jax.plan import check_recipe
-            check_recipe(cfg)  # the memory plan: a run that cannot fit its devices is refused, with the table
-            return cfg
+            return cls(**_with_overrides(raw, overrides))
         except ValueError as e:
             raise ValueError(f"{path}: {e}") from None
 

@@ -1,14 +1,15 @@
 """The memory plan: what one device holds during a run, from the config alone, before anything loads.
 
-    python -m rstar2_jax.plan --config experiments/configs/rstar2_14b.json --device-memory 192
-    python -m rstar2_jax.plan --config experiments/configs/rstar2_14b_16x80gb.json --device-memory 79.6
-    python -m rstar2_jax.plan --config experiments/configs/rstar2_8b_8x80gb.json --device-memory 79.6 \\
+    python -m rstar2_jax.run.plan --config experiments/configs/rstar2_14b.json --device-memory 192
+    python -m rstar2_jax.run.plan --config experiments/configs/rstar2_14b_16x80gb.json --device-memory 79.6
+    python -m rstar2_jax.run.plan --config experiments/configs/rstar2_8b_8x80gb.json --device-memory 79.6 \\
         --set 'mesh={"data": 1, "fsdp": 4, "tensor": 2}' --micro-batch 32
 
 The model's shape comes from ``<model_path>/config.json`` when that folder exists, else from a named
 preset of the public Qwen3 configs (``--model Qwen3-14B``, or guessed from the model path's name), so
-a run can be planned before anything is downloaded. The recipe (``RecipeConfig.from_json``) runs
-:func:`check_recipe` at start and refuses, with the table, a config that does not fit.
+a run can be planned before anything is downloaded. The recipe loads its config with :func:`load_recipe`
+(``RecipeConfig.from_json``, then :func:`check_recipe` on this run's devices) and refuses, with the
+table, a config that does not fit; reading a config alone (``from_json``) asks JAX nothing.
 
 Per device, in four phases: SFT (the trainer alone); RL's update, its π_old pass and its weight sync
 (the trainer and the engines). Rows:
@@ -100,7 +101,9 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from rstar2_jax.config import ModelConfig
+from rstar2_jax.model.config import MeshConfig, ModelConfig
+from rstar2_jax.model.presets import PRESETS, preset
+from rstar2_jax.run.recipe import RecipeConfig
 
 GB = 2**30
 NONE_FACTOR = 150.5 / 48.0  # remat "none" over the "dots" formula, measured (docs/design.md §6.1)
@@ -118,32 +121,6 @@ SHIPPED: dict[str, tuple[str, float, int]] = {
     "rstar2_14b_8x80gb.json": ("NVIDIA H100 80GB (or A100 80GB), 1 node x 8", 79.6, 8),
     "rstar2_8b_8x80gb.json": ("NVIDIA H100 80GB (or A100 80GB), 1 node x 8", 79.6, 8),
 }
-
-
-def _qwen3(hidden: int, inter: int, layers: int, heads: int, tied: bool) -> ModelConfig:
-    return ModelConfig(vocab_size=151936, hidden_size=hidden, intermediate_size=inter, num_layers=layers,
-                       num_heads=heads, num_kv_heads=8, head_dim=128, tie_embeddings=tied, rope_theta=1_000_000.0,
-                       rms_eps=1e-6, max_position_embeddings=40960)
-
-
-# The public Qwen3 configs (config.json of Qwen/Qwen3-*; the -Base models have the same shapes).
-PRESETS: dict[str, ModelConfig] = {
-    "Qwen3-0.6B": _qwen3(1024, 3072, 28, 16, True),
-    "Qwen3-1.7B": _qwen3(2048, 6144, 28, 16, True),
-    "Qwen3-4B": _qwen3(2560, 9728, 36, 32, True),
-    "Qwen3-8B": _qwen3(4096, 12288, 36, 32, False),
-    "Qwen3-14B": _qwen3(5120, 17408, 40, 40, False),
-    "Qwen3-32B": _qwen3(5120, 25600, 64, 64, False),
-}
-
-
-def preset(name: str) -> ModelConfig:
-    """A preset by name, case-insensitive; a ``-Base`` / ``-Instruct`` suffix or a path is allowed."""
-    key = Path(name).name.lower()
-    for k in sorted(PRESETS, key=len, reverse=True):  # "qwen3-14b" before "qwen3-1..."
-        if key == k.lower() or key.startswith(k.lower() + "-"):
-            return PRESETS[k]
-    raise KeyError(f"no preset for {name!r} (have {sorted(PRESETS)})")
 
 
 def param_counts(cfg: ModelConfig) -> tuple[int, int]:
@@ -170,7 +147,7 @@ def act_elems_per_token_per_layer(cfg: ModelConfig) -> tuple[float, float]:
 def vocab_grad_bytes(cfg: ModelConfig) -> float:
     """Bytes per element of a V x D table that the update holds beyond P (4 + bytes(param_dtype)):
     the lookup's fp32 scatter-add and, with 16-bit params, the head's fp32 gradient from the chunked
-    log-prob scan and their casts. XLA's plan at 0.6B dims (``python -m rstar2_jax.plan_xla``): bf16
+    log-prob scan and their casts. XLA's plan at 0.6B dims (``python -m rstar2_jax.run.plan_xla``): bf16
     10.5 tied / 8.5 untied; fp32 0.5 / 0 (counted as 4, the earlier estimate: conservative)."""
     if _ITEMSIZE[cfg.param_dtype] >= 4:
         return 4.0
@@ -570,14 +547,24 @@ def check_recipe(cfg: Any) -> Plan | None:
     plan = make_plan(inp, mem, fraction)
     if not plan.fits:
         raise ValueError(f"the run does not fit the devices' memory ({mem:.1f} GB each, usable "
-                         f"{plan.usable_bytes / GB:.1f} GB at memory_fraction {fraction}; python -m rstar2_jax.plan "
+                         f"{plan.usable_bytes / GB:.1f} GB at memory_fraction {fraction}; python -m rstar2_jax.run.plan "
                          f"--config ... plans other settings):\n{plan.table()}")
     return plan
 
 
+def load_recipe(path: str | Path, **overrides: Any) -> RecipeConfig:
+    """``RecipeConfig.from_json(path, **overrides)``, then :func:`check_recipe` (the memory plan on this
+    run's devices): errors name the file. Asks JAX for the devices: call it after
+    ``jax.distributed.initialize``."""
+    cfg = RecipeConfig.from_json(path, **overrides)
+    try:
+        check_recipe(cfg)  # a run that cannot fit its devices is refused, with the table
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return cfg
+
+
 def main(argv: list[str] | None = None) -> int:
-    from rstar2_jax.config import MeshConfig
-    from rstar2_jax.recipe import RecipeConfig
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", required=True, help="a recipe JSON config (experiments/configs/...)")
