@@ -57,7 +57,7 @@ def _reset_peak() -> bool:
 
 def rss_trace(on: bool):
     """An :class:`RssTrace` over the driver's stages (``--trace``), or one that wraps nothing."""
-    from rstar2_jax.learner import Learner
+    from rstar2_jax.train.learner import Learner
     from rstar2_jax.rl.checkpoint import Checkpointer
     from rstar2_jax.rollout.service import Rollout
     from rstar2_jax.run import driver
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax import distributed
     from rstar2_jax.data.chat import render_records
     from rstar2_jax.data.datasets import load_dataset
-    from rstar2_jax.learner import LearnerConfig
+    from rstar2_jax.train.learner import LearnerConfig
     from rstar2_jax.model import Qwen3, make_mesh, split_policy
     from rstar2_jax.model.config import MeshConfig, ModelConfig
     from rstar2_jax.model.presets import PRESETS
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax.sampling.weight_sync import WeightSync
     from rstar2_jax.sandbox import CodeRequest, SandboxLimits
     from rstar2_jax.sandbox.backend import open_pool
-    from rstar2_jax.sft import SFTConfig
+    from rstar2_jax.train.sft import SFTConfig
     from rstar2_jax.utils.bench import Metric, report
     from rstar2_jax.utils.rss import rss_gb
 

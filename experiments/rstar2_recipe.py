@@ -28,7 +28,7 @@ from rstar2_jax import distributed
 from rstar2_jax.data.chat import render_records, validate_record
 from rstar2_jax.data.datasets import iter_jsonl, load_dataset, write_jsonl
 from rstar2_jax.eval import EvalConfig
-from rstar2_jax.learner import LearnerConfig
+from rstar2_jax.train.learner import LearnerConfig
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards import RewardFn
@@ -48,7 +48,7 @@ from rstar2_jax.sampling.scripted import ScriptedPolicy
 from rstar2_jax.sampling.weight_sync import WeightSync
 from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.sandbox.check import check_pool
-from rstar2_jax.sft import SFTConfig, shard_owner
+from rstar2_jax.train.sft import SFTConfig, shard_owner
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
 
 

@@ -35,7 +35,7 @@ from pathlib import Path  # noqa: E402
 
 from flax import nnx  # noqa: E402
 
-from rstar2_jax.async_loop import AsyncConfig  # noqa: E402
+from rstar2_jax.train.async_loop import AsyncConfig  # noqa: E402
 from rstar2_jax.data.chat import chat_segments, render_records  # noqa: E402
 from rstar2_jax.data.regimes import REGIMES, get_regime  # noqa: E402
 from rstar2_jax.data.sft_traces import build_traces, copy_drills  # noqa: E402
@@ -43,7 +43,7 @@ from rstar2_jax.data.toy import make_splits  # noqa: E402
 from rstar2_jax.distributed import global_params  # noqa: E402
 from rstar2_jax.eval import EvalConfig  # noqa: E402
 from rstar2_jax.eval.load_policy import toy_model_config  # noqa: E402
-from rstar2_jax.learner import LearnerConfig  # noqa: E402
+from rstar2_jax.train.learner import LearnerConfig  # noqa: E402
 from rstar2_jax.model import make_mesh  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.model.config import MeshConfig, ModelConfig  # noqa: E402
@@ -64,7 +64,7 @@ from rstar2_jax.sampling.scripted import ScriptedPolicy  # noqa: E402
 from rstar2_jax.sampling.weight_sync import WeightSync  # noqa: E402
 from rstar2_jax.sandbox import SandboxLimits  # noqa: E402
 from rstar2_jax.sandbox.backend import BACKENDS, open_pool  # noqa: E402
-from rstar2_jax.sft import SFTConfig  # noqa: E402
+from rstar2_jax.train.sft import SFTConfig  # noqa: E402
 from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # noqa: E402
 
 ROC_MODES = ("paper", "deterministic", "none")

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from rstar2_jax.metrics import error_rate
+from rstar2_jax.train.stats import error_rate
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.score import score

@@ -36,11 +36,11 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import jax
 from tqdm.auto import tqdm
 
-from rstar2_jax.async_loop import AsyncConfig, AsyncRL
+from rstar2_jax.train.async_loop import AsyncConfig, AsyncRL
 from rstar2_jax.distributed import allgather_json, is_main_process
 from rstar2_jax.eval.evaluate import EvalConfig, evaluate
-from rstar2_jax.learner import Learner, LearnerConfig
-from rstar2_jax.loop import rl_step
+from rstar2_jax.train.learner import Learner, LearnerConfig
+from rstar2_jax.train.step import rl_step
 from rstar2_jax.rl.config import RLConfig
 from rstar2_jax.rl.reference import load_reference, save_reference
 from rstar2_jax.rl.train_step import TrainState, init_train_state, reset_optimizer
@@ -48,7 +48,7 @@ from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.run.resume import Cursor, open_checkpoints, step_seed
 from rstar2_jax.sampling import Engine
 from rstar2_jax.sandbox import SandboxBackend
-from rstar2_jax.sft import SFTConfig, shard_owner, train_sft_shards
+from rstar2_jax.train.sft import SFTConfig, shard_owner, train_sft_shards
 from rstar2_jax.utils.compiles import CompileCounter
 from rstar2_jax.utils.metrics import Loggers
 

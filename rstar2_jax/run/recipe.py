@@ -20,7 +20,7 @@ from typing import Any, Literal, Sequence
 import numpy as np
 
 from rstar2_jax.admission.config import AdmissionConfig
-from rstar2_jax.async_loop import AsyncConfig
+from rstar2_jax.train.async_loop import AsyncConfig
 from rstar2_jax.model.config import MeshConfig
 from rstar2_jax.rl.config import (ROC_MODES, ASYNC_CORRECTION, AdvantageConfig, CorrectionConfig, LossConfig,
                                   OldLogpSource, OptimConfig, RLConfig, RocConfig, RocMode)

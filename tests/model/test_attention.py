@@ -173,7 +173,7 @@ def test_train_step_and_sft_step_match_dense_no_remat():
     from rstar2_jax.rl import RLConfig
     from rstar2_jax.rl.config import OptimConfig
     from rstar2_jax.rl.train_step import init_train_state, make_train_step
-    from rstar2_jax.sft import SFT_KEYS, SFTConfig, sft_step
+    from rstar2_jax.train.sft import SFT_KEYS, SFTConfig, sft_step
 
     rng = np.random.default_rng(0)
     examples = [(rng.integers(1, 60, n).tolist(), [0] * 3 + [1] * (n - 3)) for n in (9, 14, 5, 20, 7, 11)]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.learner import Learner, LearnerConfig
+from rstar2_jax.train.learner import Learner, LearnerConfig
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards.format import format_stats

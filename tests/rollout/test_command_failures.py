@@ -4,7 +4,7 @@ model output is data: a malformed tool call is only a tool error (no reward)."""
 
 import pytest
 
-from rstar2_jax.learner import roc_record
+from rstar2_jax.train.learner import roc_record
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig
 from rstar2_jax.rollout.dispatcher import EXPECTED_REFUSALS, Dispatcher, RolloutConfig

@@ -12,7 +12,7 @@ import jax
 import pytest
 from flax import nnx
 
-from rstar2_jax.async_loop import oldest_version, stale_filter, staleness_counts
+from rstar2_jax.train.async_loop import oldest_version, stale_filter, staleness_counts
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rollout import TemplateConfig

@@ -323,7 +323,7 @@ def pack_trajectories(trajs: Sequence[Trajectory], advantages: np.ndarray, row_l
     ``segment_ids`` (1, 2, ... within a row; 0 = padding), ``positions`` (restarting at 0 in each
     segment) and per-token ``advantages`` ``[R, row_len]`` (the trajectory's Â on its segment). The
     attention mask and the loss aggregation read the segments, so the loss and its gradient equal
-    those of one trajectory per row (tests/test_learner_batch.py)."""
+    those of one trajectory per row (tests/train/test_learner_batch.py)."""
     full = [list(t.prompt_tokens) + list(t.response_tokens) for t in trajs]
     plan = pack_plan([len(f) for f in full], row_len) if plan is None else plan
     r = len(plan)

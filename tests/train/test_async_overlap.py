@@ -9,9 +9,9 @@ import jax
 import numpy as np
 import pytest
 
-from rstar2_jax.async_loop import AsyncConfig, AsyncRL
-from rstar2_jax.loop import rl_step
-from tests.test_async_loop import PROBLEMS, _parts, policy, pool  # noqa: F401 - fixtures
+from rstar2_jax.train.async_loop import AsyncConfig, AsyncRL
+from rstar2_jax.train.step import rl_step
+from tests.train.test_async_loop import PROBLEMS, _parts, policy, pool  # noqa: F401 - fixtures
 
 SYNC_TIMEOUT_S = 300.0  # only a deadlock (a serial rollout) reaches it: then the test fails
 

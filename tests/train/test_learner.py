@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.learner import Learner, LearnerConfig
-from rstar2_jax.loop import rl_step
-from rstar2_jax.metrics import positive_tool_error_rate, trajectory_stats
+from rstar2_jax.train.learner import Learner, LearnerConfig
+from rstar2_jax.train.step import rl_step
+from rstar2_jax.train.stats import positive_tool_error_rate, trajectory_stats
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards import RewardFn
@@ -30,7 +30,7 @@ from tests.rollout.fakes import ScriptedEngine
 TOK = ByteTokenizer()
 CALL = "<tool_call>" + json.dumps({"name": "python_code_with_standard_io",
                                    "arguments": {"code": "print(6*7)", "input": ""}}) + "</tool_call>"
-GOLDEN = json.loads((Path(__file__).parent / "golden" / "learner_scripted.json").read_text())
+GOLDEN = json.loads((Path(__file__).parents[1] / "golden" / "learner_scripted.json").read_text())
 
 
 def script(prompt, child, turn):

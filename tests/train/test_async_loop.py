@@ -1,4 +1,4 @@
-"""Asynchronous RL (rstar2_jax/async_loop.py, docs/design.md §5.2): the staleness bound, the drop rule
+"""Asynchronous RL (rstar2_jax/train/async_loop.py, docs/design.md §5.2): the staleness bound, the drop rule
 by hand, the threaded schedule equal to the same schedule in one thread, k = 0 equal to ``rl_step``."""
 
 import math
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rstar2_jax.async_loop import AsyncConfig, AsyncRL, stale_filter, staleness_counts, weights_index
-from rstar2_jax.learner import Learner, LearnerConfig
-from rstar2_jax.loop import rl_step
+from rstar2_jax.train.async_loop import AsyncConfig, AsyncRL, stale_filter, staleness_counts, weights_index
+from rstar2_jax.train.learner import Learner, LearnerConfig
+from rstar2_jax.train.step import rl_step
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards import RewardFn
@@ -24,7 +24,7 @@ from rstar2_jax.sandbox import SandboxLimits, SandboxPool
 from rstar2_jax.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
 from tests.rollout.test_versions import _forwarding, _push_and_wait, _PushOnStep
-from tests.test_learner import P, script
+from tests.train.test_learner import P, script
 
 TOK = ByteTokenizer()
 PROBLEMS = [P("mixed"), P("allright"), P("mixed")]
@@ -176,7 +176,7 @@ class _PushAfterFirstStep(_PushOnStep):
         return self._next >= self.whole and super().has_work()
 
 
-# per problem (``tests.test_learner.script``): turn 0 "go<tool_call>...</tool_call>" is 94 tokens, 93 for
+# per problem (``tests.train.test_learner.script``): turn 0 "go<tool_call>...</tool_call>" is 94 tokens, 93 for
 # children 0 and 3 (their call "6*" is one byte shorter); turn 1 is 16 tokens, 19 for child 3 (its extra answer)
 TURN0_TOKENS, TURN1_TOKENS = 2 * 94 + 2 * 93, 3 * 16 + 19
 

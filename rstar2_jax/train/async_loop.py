@@ -44,9 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from rstar2_jax.distributed import allgather_rows
-from rstar2_jax.learner import Learner
-from rstar2_jax.loop import roc_rollout_metrics
-from rstar2_jax.metrics import reduce_scalars
+from rstar2_jax.train.learner import Learner
+from rstar2_jax.train.step import roc_rollout_metrics
+from rstar2_jax.train.stats import reduce_scalars
 from rstar2_jax.rollout.score import RewardBatchFn, score
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.state import RolloutResult

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from rstar2_jax.metrics import COL, STATS, error_rate, rollout_metrics, trajectory_stats
+from rstar2_jax.train.stats import COL, STATS, error_rate, rollout_metrics, trajectory_stats
 from rstar2_jax.rollout.trajectory import DECODE_ERROR, ToolRecord, Trajectory, tool_calls_per_traj, tool_errors
 
 pytestmark = pytest.mark.fast

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from rstar2_jax.learner import trajectories_to_batch
+from rstar2_jax.train.learner import trajectories_to_batch
 from rstar2_jax.rollout.trajectory import Trajectory
 
 
@@ -33,7 +33,7 @@ def _traj(uid, n_prompt, n_resp, rng, vocab=100):
 
 
 def test_pack_layout_hand_checked():
-    from rstar2_jax.learner import pack_plan, pack_trajectories
+    from rstar2_jax.train.learner import pack_plan, pack_trajectories
     a = Trajectory(uid=0, group_id=0, problem_id="a", gold="1", prompt_tokens=[10, 11], budget=4)
     a.response_tokens, a.loss_mask, a.sampler_logprobs = [20, 21], [1, 1], [-0.1, -0.2]
     b = Trajectory(uid=1, group_id=0, problem_id="b", gold="1", prompt_tokens=[12], budget=4)
@@ -57,7 +57,7 @@ def _learner_and_batch(trajs, pack, rows, micro, agg):
     import jax
     from flax import nnx
 
-    from rstar2_jax.learner import F, SELECT_FIELDS, Learner, LearnerConfig, Selection
+    from rstar2_jax.train.learner import F, SELECT_FIELDS, Learner, LearnerConfig, Selection
     from rstar2_jax.model import Qwen3, split_policy
     from rstar2_jax.model.config import ModelConfig
     from rstar2_jax.rl import LossConfig, RLConfig

@@ -12,7 +12,7 @@ from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rl.config import OptimConfig
 from rstar2_jax.rl.train_step import init_train_state, shard_batch
-from rstar2_jax.sft import SFTConfig, iterate_batches, num_steps, sft_step, train_sft
+from rstar2_jax.train.sft import SFTConfig, iterate_batches, num_steps, sft_step, train_sft
 from tests.fast_compile import jit_fast
 
 

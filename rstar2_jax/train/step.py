@@ -18,8 +18,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from rstar2_jax.distributed import allgather_rows
-from rstar2_jax.learner import Learner
-from rstar2_jax.metrics import COL, positive_tool_error_rate, reduce_scalars, rollout_metrics, trajectory_stats
+from rstar2_jax.train.learner import Learner
+from rstar2_jax.train.stats import COL, positive_tool_error_rate, reduce_scalars, rollout_metrics, trajectory_stats
 from rstar2_jax.rollout.dispatcher import RolloutResult
 from rstar2_jax.rollout.score import RewardBatchFn, score
 from rstar2_jax.rollout.service import Rollout
