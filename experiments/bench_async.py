@@ -1,13 +1,13 @@
 """Synchronous vs asynchronous RL (docs/design.md §5.2), three measurements:
 
 1. **The demo** (``toy_tool_math.py``, the real tiny policy after a short SFT, cached per seed): k = 0
-   (``loop.rl_step``), k = 1 and k = 2, interleaved (the order rotates with the seed), each in a fresh
+   (``train.step.rl_step``), k = 1 and k = 2, interleaved (the order rotates with the seed), each in a fresh
    process; seconds per RL step (the mean of steps 2..N: step 1 compiles) and held-out accuracy after
    the same number of samples (the last step's evaluation). Learner and engines share this machine's
    cores, so an overlap can only win the time either side leaves idle (tools, host work).
 2. **The sampler/trainer mismatch** (``train/mismatch/*``, ``--old-logp recompute``) with fp32 engines
    and with bf16 engines (weights and K/V pages in bfloat16; ``--engine-dtype``), seed 0.
-3. **The simulator checked against the demo** (``admission.simulate_async.predict_step_s``): per seed,
+3. **The simulator checked against the demo** (``sim.simulate_async.predict_step_s``): per seed,
    after the k = 1 run, a separate synchronous run with the k = 1 run's learner settings (its
    ``args.json``: ``--old-logp``/``--correction``, as "auto" resolved them: the async run recomputes
    pi_old, the bench's k = 0 run does not) gives each step's stage seconds (``time_rollout_s``,
@@ -22,7 +22,7 @@
    CPU seconds per step and cores used and idle are printed beside the error.
    ``sim_error`` = |predicted - measured| / measured, the mean over seeds. Also printed, not used:
    the contention the k = 1 run showed (its ``time_train_s`` over the synchronous run's, minus 1).
-4. **The simulator at paper scale** (``testing.paper_scale``): trained samples/s, asynchronous k = 1 on
+4. **The simulator at paper scale** (``sim.paper_scale``): trained samples/s, asynchronous k = 1 on
    disjoint devices (``--sim-engines`` of the slice's 8 rollout, the rest train) over colocated
    synchronous.
 
@@ -48,7 +48,7 @@ import threading
 import time
 from pathlib import Path
 
-from rstar2_jax.admission.simulate_async import StageTimes, predict_step_s
+from rstar2_jax.sim.simulate_async import StageTimes, predict_step_s
 from rstar2_jax.utils.bench import Metric, report, summary_lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -322,7 +322,7 @@ def main() -> int:
             res["mismatch"][dt] = r["mismatch"]
             print(f"mismatch, {dt} engine: " + ", ".join(f"{m} {v:.3g}" for m, v in r["mismatch"].items()), flush=True)
     if not args.skip_sim:
-        from rstar2_jax.testing.paper_scale import PaperScale, run
+        from rstar2_jax.sim.paper_scale import PaperScale, run
 
         p, t0 = PaperScale(), time.perf_counter()
         sync = run(p, 0, p.devices // p.slice)

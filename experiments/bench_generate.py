@@ -52,7 +52,7 @@ from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.model.config import ModelConfig  # noqa: E402
 from rstar2_jax.model.hf_io import export_hf, load_hf  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature  # noqa: E402
-from rstar2_jax.sampling.data_parallel import DataParallelEngine  # noqa: E402
+from rstar2_jax.deploy.data_parallel import DataParallelEngine  # noqa: E402
 from rstar2_jax.utils.bench import Metric, report  # noqa: E402
 
 PROMPT, NEW = 32, 128

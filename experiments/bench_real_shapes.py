@@ -4,7 +4,7 @@ Policy: Qwen3-0.6B's config (``model.presets.PRESETS``: 28 layers, hidden 1024, 
 vocabulary 151,936, tied), random weights, params and compute in bf16 (fp32 would need ~20 GB here:
 params, AdamW moments, the fp32 gradient accumulator, the layer-stack copies and the engine's copy;
 ``python -m rstar2_jax.run.plan`` shows the split). Tokenizer: Qwen3's, built offline
-(``rstar2_jax.qwen_tokenizer``). Template: ``TemplateConfig.release()`` on real AIME24 problems
+(``rstar2_jax.text.qwen``). Template: ``TemplateConfig.release()`` on real AIME24 problems
 (``--data``; the shortest prompts, ~455 tokens). Through the recipe's driver (``run.driver.run``):
 one SFT step on one chat record (the problem, a real tool call, the sandbox's answer, the boxed
 answer), then two RL steps of ``--problems`` problems x 2 samples, rolled out by a scripted policy
@@ -66,7 +66,7 @@ def rss_trace(on: bool):
     trace = RssTrace()
     if on:
         for owner, name in [(driver, "train_sft_shards"), (driver, "init_train_state"), (driver._Run, "start_rl"),
-                            (Learner, "__init__"), (Learner, "update"), (Checkpointer, "save"),
+                            (Learner, "__init__"), (Learner, "batch"), (Learner, "update"), (Checkpointer, "save"),
                             (Checkpointer, "wait"), (Rollout, "generate"), (Rollout, "sync")]:
             trace.wrap(owner, name)
     return trace
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax.model import Qwen3, make_mesh, split_policy
     from rstar2_jax.model.config import MeshConfig, ModelConfig
     from rstar2_jax.model.presets import PRESETS
-    from rstar2_jax.qwen_tokenizer import qwen3_tokenizer
+    from rstar2_jax.text.qwen import qwen3_tokenizer
     from rstar2_jax.rewards import RewardFn
     from rstar2_jax.rl import OptimConfig, RLConfig, RocConfig
     from rstar2_jax.rl.checkpoint import abstract_train_state
@@ -150,9 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, rl_rows, run
     from rstar2_jax.run.plan import GB, PlanInput, make_plan
     from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature, kv_cache
-    from rstar2_jax.sampling.placement import PlacementConfig, plan_placement
-    from rstar2_jax.sampling.scripted import ScriptedPolicy
-    from rstar2_jax.sampling.weight_sync import WeightSync
+    from rstar2_jax.deploy.placement import PlacementConfig, plan_placement
+    from rstar2_jax.testing.scripted import ScriptedPolicy
+    from rstar2_jax.deploy.weight_sync import WeightSync
     from rstar2_jax.sandbox import CodeRequest, SandboxLimits
     from rstar2_jax.sandbox.backend import open_pool
     from rstar2_jax.train.sft import SFTConfig

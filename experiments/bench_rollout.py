@@ -14,7 +14,7 @@ Workloads:
     program from a mix (arithmetic, numpy, light sympy, and sympy integrate/primerange of ~0.5-2 s);
 (c) heterogeneous engines: (a)'s shape on engine 0 as is and engine 1 at half speed (after each real
     step its host sleeps as long again: a device at half the speed);
-(d) SIMULATED paper scale: ``admission.simulate`` (the real ``AdmissionLedger``) with step costs
+(d) SIMULATED paper scale: ``sim.simulate`` (the real ``AdmissionLedger``) with step costs
     measured here as a function of rows, prefill chunks and context length, (b)'s shape, program
     latencies as measured in (b).
 
@@ -53,10 +53,11 @@ from pathlib import Path  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from rstar2_jax.admission import AdmissionConfig, SimEngine, simulate  # noqa: E402
+from rstar2_jax.admission import AdmissionConfig  # noqa: E402
+from rstar2_jax.sim import SimEngine, simulate  # noqa: E402
 from rstar2_jax.rollout import TemplateConfig, render_prompt  # noqa: E402
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig  # noqa: E402
-from rstar2_jax.sampling.engine_proc import ProcessEngine  # noqa: E402
+from rstar2_jax.deploy.engine_proc import ProcessEngine  # noqa: E402
 from rstar2_jax.testing.engine_host import EngineHost  # noqa: E402
 from rstar2_jax.testing.workload import (PROGRAMS, TOK, Workload, history, make_workload, realized,  # noqa: E402
                                          sim_groups)

@@ -31,8 +31,8 @@ from tqdm import tqdm  # noqa: E402
 
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.model.config import ModelConfig  # noqa: E402
-from rstar2_jax.sampling import (DenseSampler, EngineConfig, PagedEngine, Request, Temperature,  # noqa: E402
-                                 child_key_data, naive_generate)
+from rstar2_jax.sampling import EngineConfig, PagedEngine, Request, Temperature, child_key_data  # noqa: E402
+from rstar2_jax.testing.dense_sampler import DenseSampler, naive_generate  # noqa: E402
 from rstar2_jax.utils.bench import Metric, report  # noqa: E402
 
 MAX_NEW, MAX_PROMPT, G = 512, 64, 8

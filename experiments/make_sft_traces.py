@@ -17,7 +17,7 @@ from rstar2_jax.data.sft_traces import TraceConfig, build_traces
 from rstar2_jax.data.toy import generate
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 
 
 def main() -> None:

@@ -43,13 +43,13 @@ from rstar2_jax.run.recipe import STAGES, RecipeConfig, RecipeSchedule
 from rstar2_jax.run.resume import ResumeError
 from rstar2_jax.run.scripted import mixed_script
 from rstar2_jax.sampling import Greedy, PagedEngine, Temperature
-from rstar2_jax.sampling.placement import plan_placement
-from rstar2_jax.sampling.scripted import ScriptedPolicy
-from rstar2_jax.sampling.weight_sync import WeightSync
+from rstar2_jax.deploy.placement import plan_placement
+from rstar2_jax.testing.scripted import ScriptedPolicy
+from rstar2_jax.deploy.weight_sync import WeightSync
 from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.sandbox.check import check_pool
 from rstar2_jax.train.sft import SFTConfig, shard_owner
-from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer, HFTokenizer
 
 
 def parse_args(argv):

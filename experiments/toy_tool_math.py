@@ -59,13 +59,13 @@ from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, run, writ
 from rstar2_jax.run.resume import ResumeError  # noqa: E402
 from rstar2_jax.run.scripted import mixed_script  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature  # noqa: E402
-from rstar2_jax.sampling.placement import PlacementConfig, plan_placement  # noqa: E402
-from rstar2_jax.sampling.scripted import ScriptedPolicy  # noqa: E402
-from rstar2_jax.sampling.weight_sync import WeightSync  # noqa: E402
+from rstar2_jax.deploy.placement import PlacementConfig, plan_placement  # noqa: E402
+from rstar2_jax.testing.scripted import ScriptedPolicy  # noqa: E402
+from rstar2_jax.deploy.weight_sync import WeightSync  # noqa: E402
 from rstar2_jax.sandbox import SandboxLimits  # noqa: E402
 from rstar2_jax.sandbox.backend import BACKENDS, open_pool  # noqa: E402
 from rstar2_jax.train.sft import SFTConfig  # noqa: E402
-from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # noqa: E402
+from rstar2_jax.text.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe  # noqa: E402
 
 ROC_MODES = ("paper", "deterministic", "none")
 # --correction: rollout correction presets (rl/correction.py; docs/design.md §5.1); "auto" resolves in parse_args
@@ -229,7 +229,7 @@ def build_model(args: argparse.Namespace, vocab: int) -> ModelConfig:
 
 
 def make_engines(graphdef, params, mcfg: ModelConfig, args, max_seq_len: int, tok) -> list[PagedEngine]:
-    """``--engines`` engines of ``--devices-per-engine`` local devices each (``sampling.placement``)."""
+    """``--engines`` engines of ``--devices-per-engine`` local devices each (``deploy.placement``)."""
     bf16 = args.engine_dtype == "bfloat16"
     placement = plan_placement(PlacementConfig(devices_per_engine=args.devices_per_engine,
                                                engines_per_process=args.engines,

@@ -81,7 +81,7 @@ def test_async_disjoint_placement_equals_shared(tmp_path, monkeypatch):
     equal the shared placement's (train floats to reduction noise: the update runs on a 2-device mesh)."""
     import jax
 
-    from rstar2_jax.sampling.placement import leaf_devices
+    from rstar2_jax.sampling.layout import leaf_devices
 
     seen = {}
     start_rl = driver._Run.start_rl

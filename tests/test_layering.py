@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 ROLLOUT = ["rstar2_jax.rollout", "rstar2_jax.rollout.service", "rstar2_jax.rollout.dispatcher",
-           "rstar2_jax.rollout.score", "rstar2_jax.admission", "rstar2_jax.sampling.scripted",
-           "rstar2_jax.sampling.engine_proc"]
+           "rstar2_jax.rollout.score", "rstar2_jax.admission", "rstar2_jax.testing.scripted",
+           "rstar2_jax.deploy.engine_proc"]
 RL = ["rstar2_jax.rl", "rstar2_jax.rl.train_step", "rstar2_jax.rl.checkpoint", "rstar2_jax.rl.roc"]
-NO_JAX = ["rstar2_jax.admission", "rstar2_jax.admission.simulate", "rstar2_jax.sandbox", "rstar2_jax.sandbox.pool",
+NO_JAX = ["rstar2_jax.admission", "rstar2_jax.sim.simulate", "rstar2_jax.sandbox", "rstar2_jax.sandbox.pool",
           "rstar2_jax.sandbox.backend", "rstar2_jax.rewards", "rstar2_jax.rollout.problem", "rstar2_jax.testing.workload"]
 ROOT = Path(__file__).resolve().parents[1]
 

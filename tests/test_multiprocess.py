@@ -1,7 +1,7 @@
 """Multi-process JAX (``rstar2_jax.distributed``): where the process layout comes from, global arrays
 from host data, and a 2-process CPU run (gloo collectives) of 2 GRPO-RoC updates equal to 1 process.
 Rollouts over several processes (each its own engines, sandbox pool and shard of the problems) are
-checked end to end by tests/test_recipe_multiprocess.py (2 x 4 devices = 1 x 8, every stage)."""
+checked end to end by tests/run/test_recipe_multiprocess.py (2 x 4 devices = 1 x 8, every stage)."""
 
 import os
 import socket

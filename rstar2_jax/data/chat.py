@@ -42,7 +42,7 @@ import numpy as np
 from rstar2_jax.data.datasets import DatasetError, iter_jsonl
 from rstar2_jax.rollout.template import (IM_END, IM_START, TOOL_CALL_CLOSE, TOOL_CALL_OPEN, TemplateConfig, ToolCall,
                                          parse_tool_call, render_prompt, tool_response_segment, truncate_middle)
-from rstar2_jax.tokenizer import Tokenizer
+from rstar2_jax.text.tokenizer import Tokenizer
 
 ROLES = ("system", "user", "assistant", "tool")
 REASON_OPEN = "<reason>"

@@ -31,7 +31,7 @@ from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sampling import EngineConfig, PagedEngine
-from rstar2_jax.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 TEMPLATES = ("full", "toy")
 

@@ -4,7 +4,7 @@ Every ``nnx.Param`` carries ``logical_axes`` where it is created (e.g. ``("embed
 ``ShardingRules`` (frozen, one field per logical axis) maps them to mesh axes; there are two
 instances: ``TRAINER_RULES`` over the trainer's mesh ``("data", "fsdp", "tensor")`` (FSDP + tensor
 parallelism) and ``ENGINE_RULES`` over an engine's tensor-parallel sub-mesh ``("kv", "rep")``
-(``sampling.placement``, Megatron / vLLM style). ``param_shardings`` maps parameters through the
+(``deploy.placement``, Megatron / vLLM style). ``param_shardings`` maps parameters through the
 trainer's rules to ``NamedSharding``s. A dimension that its mesh axes do not divide is replicated
 instead (tiny test configs on 8 devices); a spec that would use one mesh axis twice raises.
 

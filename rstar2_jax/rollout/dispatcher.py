@@ -58,7 +58,7 @@ from rstar2_jax.rollout.worker import EngineWorker
 from rstar2_jax.sampling import Request, StopEvent
 from rstar2_jax.sampling.interface import Configured, Engine
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxBackend
-from rstar2_jax.tokenizer import Tokenizer
+from rstar2_jax.text.tokenizer import Tokenizer
 
 __all__ = ["ADMIT_EVERY", "EXPECTED_REFUSALS", "Dispatcher", "RolloutConfig", "RolloutResult", "is_expected_refusal"]
 

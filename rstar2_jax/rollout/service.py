@@ -3,7 +3,7 @@
 ``Rollout.generate(problems, seed=..., budget=...)`` rolls out a batch (unscored trajectories;
 ``rollout.score`` rewards them); ``Rollout.sync(params)`` puts new policy weights on every engine
 between batches: engines with a ``placement.EngineLayout`` get them by on-device resharding
-(``sampling.weight_sync``), others through their own ``set_params``.
+(``deploy.weight_sync``), others through their own ``set_params``.
 
 Several processes: each process's service holds only its local engines and sandbox pool, and
 ``generate`` rolls out this process's contiguous shard of the batch's problems (whole groups, with
@@ -22,9 +22,9 @@ import jax
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig, RolloutResult
 from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.sampling.interface import Engine, HoldsParams, Placed
-from rstar2_jax.sampling.weight_sync import SyncStats, WeightSync
+from rstar2_jax.deploy.weight_sync import SyncStats, WeightSync
 from rstar2_jax.sandbox import SandboxBackend
-from rstar2_jax.tokenizer import Tokenizer
+from rstar2_jax.text.tokenizer import Tokenizer
 
 
 class Rollout:

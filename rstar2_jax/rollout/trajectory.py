@@ -17,7 +17,7 @@ from typing import Any, Literal, Sequence, get_args
 from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, find_tool_call, parse_tool_call,
                                          render_tool_result, tool_response_segment)
 from rstar2_jax.rewards.format import FormatStats, join_response
-from rstar2_jax.tokenizer import Tokenizer
+from rstar2_jax.text.tokenizer import Tokenizer
 
 
 class Status(enum.Enum):

@@ -1,7 +1,7 @@
 """One thread per engine: applies the dispatcher's commands, steps while there is work, reports.
 
 Engines in one process share the GIL with each other and the dispatcher (two measured 1.15x one
-engine's steps/s on 2 cores); ``sampling.engine_proc.ProcessEngine`` runs an engine in its own process
+engine's steps/s on 2 cores); ``deploy.engine_proc.ProcessEngine`` runs an engine in its own process
 pinned to its cores behind the same ``Engine`` protocol (2.08x), as one engine per device group
 does on accelerators.
 """

@@ -5,7 +5,7 @@ problems, a ``Schedule``) and call :func:`run`.
     sft (optional) -> RL stages as the schedule says (-> filter -> RL) -> done
 
 * **Stages**: ``sft`` (``sft.train_sft_shards``: each process packs and feeds its own shards), the RL
-  stages (one ``loop.rl_step`` per step on the next ``problems_per_step`` problems of the stage's
+  stages (one ``train.step.rl_step`` per step on the next ``problems_per_step`` problems of the stage's
   list, wrapping around; a stage changes only the budget), ``filter`` (the policy samples k answers
   per problem, sharded over processes and gathered; problems solved k/k are dropped, the optimizer
   moments reset) and ``done``. The schedule decides the transitions.
@@ -17,7 +17,7 @@ problems, a ``Schedule``) and call :func:`run`.
   every transition and at the end, with the versioned ``resume.Cursor`` and the run configuration.
 * **Asynchronous RL** (``Parts.async_rl``, ``async_loop.AsyncConfig``; docs/design.md §5.2): with
   ``max_staleness`` k >= 1 a background thread generates up to L (``lookahead``, default k) batches
-  ahead while the learner trains (``async_loop.AsyncRL``); k = 0 is ``loop.rl_step``, unchanged.
+  ahead while the learner trains (``train.async_loop.AsyncRL``); k = 0 is ``train.step.rl_step``, unchanged.
   Batches are requested only up to the next drain point (a checkpoint step, an evaluation step, the
   stage's last step); a stage change no one could foresee discards what is in flight. At a drain point
   the engines get the learner's weights, so a checkpoint never has a batch in flight and a resumed
@@ -133,7 +133,7 @@ class Parts:
     sft: SFTPart | None = None
     eval_problems: Sequence[Any] | None = None
     eval_cfg: EvalConfig | None = None
-    async_rl: AsyncConfig = AsyncConfig()  # max_staleness 0: the synchronous loop (loop.rl_step)
+    async_rl: AsyncConfig = AsyncConfig()  # max_staleness 0: the synchronous loop (train.step.rl_step)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -62,7 +62,7 @@ Per device, in four phases: SFT (the trainer alone); RL's update, its π_old pas
 * **engines' weights** (RL): P x bytes(engine weight dtype) / TP per engine device.
 * **engines' K/V pool** (RL): ``kv_memory_gb`` per engine, split over its TP devices.
 * **async snapshots** (RL, ``max_staleness`` k >= 1; the recipe's ``AsyncConfig`` has lookahead L =
-  k): copies of the engines' weights that ``async_loop.AsyncRL.published`` holds beside the engines'
+  k): copies of the engines' weights that ``train.async_loop.AsyncRL.published`` holds beside the engines'
   own (:func:`async_snapshots`): up to L during an update and its π_old pass (versions w(b) .. the
   learner's, w(b) = b - L the one the engines hold), L + 1 while the next one is published (added
   before the rollout's next batch drops the oldest). 0 in the synchronous loop.
@@ -114,7 +114,7 @@ DEVICE_MEMORY_ENV = "RSTAR2_DEVICE_MEMORY_GB"  # physical GB per device (as --de
 MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # the share XLA may allocate (RecipeConfig.memory_fraction)
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # experiments/configs/<name>: (the hardware, physical GB per device as the plan counts GB = 2**30, devices).
-# tests/test_plan.py plans each on its hardware (fits with the margin); experiments/configs/README.md has the tables.
+# tests/run/test_plan.py plans each on its hardware (fits with the margin); experiments/configs/README.md has the tables.
 SHIPPED: dict[str, tuple[str, float, int]] = {
     "rstar2_14b.json": ("AMD MI300X 192 GB, 8 nodes x 8", 192.0, 64),
     "rstar2_14b_16x80gb.json": ("NVIDIA H100 80GB (or A100 80GB), 2 nodes x 8", 79.6, 16),

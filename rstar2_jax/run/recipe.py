@@ -25,7 +25,7 @@ from rstar2_jax.model.config import MeshConfig
 from rstar2_jax.rl.config import (ROC_MODES, ASYNC_CORRECTION, AdvantageConfig, CorrectionConfig, LossConfig,
                                   OldLogpSource, OptimConfig, RLConfig, RocConfig, RocMode)
 from rstar2_jax.sampling.engine_config import EngineConfig
-from rstar2_jax.sampling.placement import PlacementConfig
+from rstar2_jax.deploy.placement import PlacementConfig
 from rstar2_jax.sandbox.limits import SandboxLimits
 from rstar2_jax.utils.config_io import build, set_dotted, to_plain
 
@@ -122,7 +122,7 @@ class RecipeConfig:
     eval_every: int | None = 50  # RL steps between evaluations (also after SFT and at the end); None: end only
     eval_k: int = 1
     eval_budget: int | None = None  # response tokens (None: stage2_budget)
-    # engines (``sampling.placement``): per process, each tensor-parallel over devices_per_engine devices
+    # engines (``deploy.placement``): per process, each tensor-parallel over devices_per_engine devices
     engines: int | None = None  # per process; None: as many as fit (local devices // devices_per_engine)
     devices_per_engine: int = 1  # the TP degree of each engine
     # the learner/engine device split: the trainer mesh on the first learner_devices local devices of each

@@ -1,4 +1,4 @@
-"""The mixed script: a scripted policy (``sampling.scripted.ScriptedPolicy``) under which every RL
+"""The mixed script: a scripted policy (``testing.scripted.ScriptedPolicy``) under which every RL
 group holds right and wrong answers, so every step keeps rows and updates.
 
 Turn 0 calls the Python tool with the problem's own program (a toy problem's ``code``: it runs in the

@@ -1,4 +1,4 @@
-"""Generation: a paged-KV continuous-batching engine, samplers, and a dense baseline.
+"""Generation: one paged-KV continuous-batching engine and its samplers.
 
 * ``page_table``: host-side ref-counted pages (``PageTable``), fork with copy-on-write.
 * ``kv_cache``: device-side page arrays and paged attention (pure JAX reference + kernel hook).
@@ -11,12 +11,12 @@
   stops, its host plan and ``SlotArrays``; ``engine_loops`` books its tokens.
 * ``engine_config``: ``EngineConfig`` (validated static shape), raw key data.
 * ``engine``: ``PagedEngine`` (submit / submit_group / step / resume / release).
-* ``data_parallel``: ``DataParallelEngine``, one engine per device behind one ``Engine`` (CPU cores).
-* ``dense_sampler``: static-batch dense-cache sampler and a naive recompute decoder (comparison).
+* ``kv_transfer``: a sequence's K/V out of and into an engine (migration, swap).
+
+Many engines (placement, weight sync, data-parallel and per-process engines) are ``rstar2_jax.deploy``;
+the dense baseline sampler and the scripted policy are test doubles in ``rstar2_jax.testing``.
 """
 
-from rstar2_jax.sampling.data_parallel import DataParallelEngine
-from rstar2_jax.sampling.dense_sampler import DenseSampler, naive_generate
 from rstar2_jax.sampling.engine import EngineConfig, PagedEngine, child_key_data, key_data
 from rstar2_jax.sampling.interface import STOP_REASONS, Engine, EngineStats, Request, StopEvent, StopReason
 from rstar2_jax.sampling.kv_cache import (DECODE_KERNELS, attention_impls, copy_pages, init_cache, page_bytes,
@@ -26,8 +26,8 @@ from rstar2_jax.sampling.sampling_fns import (Greedy, RowParams, Sampler, Temper
                                               policy_logprobs, sample_rows)
 
 __all__ = [
-    "DECODE_KERNELS", "DataParallelEngine", "DenseSampler", "Engine", "EngineConfig", "EngineStats", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
+    "DECODE_KERNELS", "Engine", "EngineConfig", "EngineStats", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
     "PagedEngine", "Request", "RowParams", "STOP_REASONS", "Sampler", "StopEvent", "StopReason", "Temperature", "TopK", "TopP",
-    "attention_impls", "child_key_data", "copy_pages", "init_cache", "key_data", "naive_generate", "page_bytes",
+    "attention_impls", "child_key_data", "copy_pages", "init_cache", "key_data", "page_bytes",
     "paged_attention", "pages_for_budget", "policy_logprobs", "register_decode_kernel", "sample_rows", "write_kv",
 ]

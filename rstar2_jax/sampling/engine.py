@@ -70,7 +70,7 @@ from rstar2_jax.sampling.engine_config import (EngineConfig, check_request, chec
 from rstar2_jax.sampling.engine_loops import LoopRunner
 from rstar2_jax.sampling.interface import EngineStats, Request, StopEvent
 from rstar2_jax.sampling.page_table import PageTable
-from rstar2_jax.sampling.placement import EngineLayout
+from rstar2_jax.sampling.layout import EngineLayout
 from rstar2_jax.sampling.prefix_cache import PrefixCache
 from rstar2_jax.sampling.scheduler import Scheduler
 from rstar2_jax.sampling.sequence import GroupTemplate, Seq, SeqState, stop_reason

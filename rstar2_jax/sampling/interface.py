@@ -13,7 +13,7 @@ are smaller protocols an engine may also satisfy (checked with ``isinstance``, n
 another engine: ``PagedEngine``, ``ProcessEngine``, ``ScriptedPolicy``, ``DataParallelEngine``; the
 dispatcher migrates an engine without them by a re-prefill of the context), ``Configured`` (its
 ``cfg`` names its decode slots and prefill chunk, which the admission ledger reads), ``Placed`` (its
-weights live in a ``placement.EngineLayout``, which ``sampling.weight_sync`` reshards to on device)
+weights live in a ``placement.EngineLayout``, which ``deploy.weight_sync`` reshards to on device)
 and ``HoldsParams`` (its placed weights, to wait for a transfer).
 """
 

@@ -1,4 +1,4 @@
-"""The host of one rollout-benchmark engine in its own process (``sampling.engine_proc.ProcessEngine``):
+"""The host of one rollout-benchmark engine in its own process (``deploy.engine_proc.ProcessEngine``):
 a tiny random policy whose turns follow a ``testing.workload`` script (``ScriptedTurnsEngine``), plus
 calibration and throughput probes on its own core."""
 
@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from rstar2_jax.sampling import EngineConfig, EngineStats, PagedEngine, Request, StopEvent
-from rstar2_jax.sampling.scripted import ScriptedPolicy
+from rstar2_jax.testing.scripted import ScriptedPolicy
 from rstar2_jax.testing.workload import TOK, filler
 
 class ScriptedTurnsEngine(ScriptedPolicy):
@@ -18,7 +18,7 @@ class ScriptedTurnsEngine(ScriptedPolicy):
     ``scripts[prompt ids][child][turn] = (ids, tool seconds, program)``. Each turn decodes exactly
     ``len(ids)`` real tokens (fewer if the budget cuts it) with no stop tokens; the stop event then
     carries the scripted ids (same count: KV accounting stays exact) and reason ``stop_token``, or
-    filler with the engine's reason if the turn was cut (``sampling.scripted.ScriptedPolicy``).
+    filler with the engine's reason if the turn was cut (``testing.scripted.ScriptedPolicy``).
     A migrated trajectory (its whole context resubmitted) is located in the script by walking its
     scripted turns, each followed by a tool response ending in ``RESPONSE_END``.
     """

@@ -27,10 +27,10 @@ from typing import Literal
 
 import numpy as np
 
-from rstar2_jax.admission.sim_types import SimGroup, SimTrajectory
+from rstar2_jax.sim.records import SimGroup, SimTrajectory
 from rstar2_jax.rollout import TOOL_NAME, TemplateConfig, render_tool_result, tool_response_segment
 from rstar2_jax.sandbox import CodeResult
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 TPL = TemplateConfig.toy(max_turns=5)

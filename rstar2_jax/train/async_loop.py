@@ -1,7 +1,7 @@
 """Asynchronous RL (docs/design.md §5.2): the rollout generates the next batches while the learner
 scores and updates, with bounded staleness.
 
-``max_staleness = 0`` is not this module: the driver runs ``loop.rl_step`` (generate -> score ->
+``max_staleness = 0`` is not this module: the driver runs ``train.step.rl_step`` (generate -> score ->
 update -> sync), unchanged. With ``AsyncConfig(max_staleness=k, lookahead=L)`` (L defaults to k) a
 background thread owns the ``Rollout`` (engines, dispatcher) and the main thread scores and updates:
 
@@ -45,9 +45,8 @@ import numpy as np
 
 from rstar2_jax.distributed import allgather_rows
 from rstar2_jax.train.learner import Learner
-from rstar2_jax.train.step import roc_rollout_metrics
-from rstar2_jax.train.stats import reduce_scalars
-from rstar2_jax.rollout.score import RewardBatchFn, score
+from rstar2_jax.train.step import train_on
+from rstar2_jax.rollout.score import RewardBatchFn
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.state import RolloutResult
 from rstar2_jax.rollout.trajectory import Trajectory
@@ -89,7 +88,7 @@ class AsyncConfig:
 
     @property
     def enabled(self) -> bool:
-        """False: the synchronous loop (``loop.rl_step``)."""
+        """False: the synchronous loop (``train.step.rl_step``)."""
         return self.ahead > 0 or self.max_staleness > 0
 
 
@@ -183,7 +182,8 @@ class AsyncRL:
 
     def step(self, b: int, *, seed: int, compiles: CompileCounter | None = None) -> dict[str, Any]:
         """Train batch ``b`` (= the consumed count): wait for it, score, drop stale groups, update,
-        publish the new weights. Returns the step's metrics (``loop.rl_step``'s plus ``async/*``)."""
+        publish the new weights (``train.step.train_on`` with the stale filter as ``keep``). Returns the
+        step's metrics (``rl_step``'s, less the sync's, plus ``async/*``)."""
         if b != self.consumed:
             raise ValueError(f"AsyncRL.step: batch {b} out of order (consumed {self.consumed})")
         in_flight = self.in_flight()
@@ -191,13 +191,9 @@ class AsyncRL:
         res = self._wait(b)
         t1 = time.perf_counter()
         k, lv = self.cfg.max_staleness, self.learner.version
-        trajs = res.trajectories
-        sc = score(trajs, self.reward_fn, tags=self.rollout.cfg.template.tags)
-        t2 = time.perf_counter()
-        keep, counts = stale_filter(trajs, lv, k, self.cfg.stale)
-        passed = [t for t, ok in zip(trajs, keep) if ok]
-        m, sel = self.learner.update(passed, seed)
-        t3 = time.perf_counter()
+        keep, counts = stale_filter(res.trajectories, lv, k, self.cfg.stale)
+        m, sel = train_on(res, self.learner, self.reward_fn, seed=seed, tags=self.rollout.cfg.template.tags,
+                          rollout_s=res.metrics["makespan_s"], keep=keep)
         with self.cv:
             self.consumed = b + 1
             if self._needed(b + 1):
@@ -206,7 +202,7 @@ class AsyncRL:
         if self.cfg.inflight:
             placed, version = self.published.get(b + 1) or self._snapshot()
             self.rollout.push(placed, version=version, placed=True)
-        m.update(self._rollout_metrics(trajs, keep, sel, res))
+        passed = [t for t, ok in zip(res.trajectories, keep) if ok]
         n = max(k, self.cfg.ahead)
         lo = sel.offsets[jax.process_index()]
         kept_local = [passed[int(i - lo)] for i in sel.kept if lo <= i < lo + len(passed)]
@@ -220,7 +216,7 @@ class AsyncRL:
         m.update({"async/max_staleness": k, "async/lookahead": self.cfg.ahead, "async/in_flight": in_flight,
                   "async/dropped_samples": int(tot[0]), "async/dropped_groups": int(tot[1]),
                   "async/partial_samples": int(tot[2]), "async/trainer_idle_s": t1 - t0,
-                  "async/engine_idle_s": idle, "time_reward_s": sc.seconds, "time_train_s": t3 - t2})
+                  "async/engine_idle_s": idle})
         if compiles is not None:
             m["compiles"] = compiles.take()
         return m
@@ -317,17 +313,3 @@ class AsyncRL:
                     return
                 b = self.next_gen
             self._generate(b)
-
-    def _rollout_metrics(self, trajs: list[Trajectory], keep: list[bool], sel: Any, res: RolloutResult) -> dict[str, Any]:
-        """``loop.rl_step``'s rollout metrics over every generated trajectory (dropped ones included;
-        their ``p_format`` is NaN)."""
-        m = roc_rollout_metrics(trajs, sel, keep)
-        red = reduce_scalars({"time_rollout_s": res.metrics["makespan_s"], "tool_time_s": res.metrics["tool_time_s"],
-                              "preemptions": res.metrics["preemptions"],
-                              "unshared_children": res.metrics["unshared_children"],
-                              "tokens_per_s": res.metrics["tokens_per_s"],
-                              "length_model_n": res.metrics["length_model_n"]})
-        m.update(time_rollout_s=red["time_rollout_s"], time_tools_s=red["tool_time_s"],
-                 preemptions=int(red["preemptions"]), unshared_children=int(red["unshared_children"]),
-                 tokens_per_s=red["tokens_per_s"], length_model_n=int(red["length_model_n"]))
-        return m

@@ -1,11 +1,13 @@
 """The learner: the train state, the GRPO-RoC update compiled once, RoC selection and batches.
 
-``Learner.update(trajectories, seed)`` on one scored rollout batch:
-  1. RoC: ``p_total`` of each trajectory (``rl.penalties``), ``roc_downsample`` to G per group
-     (groups whose rewards are all equal are dropped);
-  2. advantages on the kept G (``rl.compute_advantages``, by ``AdvantageConfig.kind``; GRPO's by default);
-  3. the batch arrays (``[rows, seq_len]``, kept rows padded with zero-mask rows: one compiled
-     shape per padded length) and one ``rl.train_step`` update.
+One scored rollout batch goes through four named calls (``train.step.train_on`` makes them):
+  1. ``select``: RoC: ``p_total`` of each trajectory (``rl.penalties``), ``roc_downsample`` to G per
+     group (groups whose rewards are all equal are dropped);
+  2. ``advantages``: Â on the kept G (``rl.compute_advantages``, by ``AdvantageConfig.kind``; GRPO's
+     by default);
+  3. ``batch``: the host arrays (``[rows, seq_len]``, kept rows padded with zero-mask rows: one
+     compiled shape per padded length);
+  4. ``update``: one ``rl.train_step`` update on them.
 The update is built once, in ``__init__``; ``compiles`` in the loop's metrics checks that no step
 compiles it again. ``rl/`` and ``rollout/`` do not know each other: this module joins them.
 
@@ -69,11 +71,10 @@ def roc_record(t: Trajectory) -> RocRecord:
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class Selection:
     """RoC's choice over the step's global batch (every process's trajectories, in process order):
-    indices into it and their advantages; ``offsets[p]`` is process p's first global index;
-    ``p_format``: every trajectory's format penalty (``RocConfig.penalties``; NaN where errored)."""
+    indices into it; ``offsets[p]`` is process p's first global index; ``p_format``: every
+    trajectory's format penalty (``RocConfig.penalties``; NaN where errored)."""
 
     kept: np.ndarray  # i64[K]
-    advantages: np.ndarray  # f32[K]
     offsets: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(2, np.int64))  # i64[P + 1]
     p_format: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # f64[N]
 
@@ -100,8 +101,8 @@ def select_records(trajs: Sequence[Trajectory], roc: Any) -> np.ndarray:
 class Learner:
     """Owns the train state and one compiled update (see the module docstring).
 
-    Several processes: ``update`` takes this process's trajectories (its shard of the step's groups);
-    RoC runs on the gathered per-trajectory records (identical in every process, so the selection
+    Several processes: ``select`` and ``batch`` take this process's trajectories (its shard of the
+    step's groups); RoC runs on the gathered per-trajectory records (identical in every process, so the selection
     equals a one-process run's), and each process fills its own rows of the global batch
     (``distributed.process_rows``) with its kept trajectories.
     """
@@ -140,8 +141,8 @@ class Learner:
         return int(self.state.step)
 
     def select(self, trajs: Sequence[Trajectory], seed: int) -> tuple[Selection, np.ndarray]:
-        """RoC downsampling (``roc_downsample``) of the non-errored trajectories of every process, and
-        advantages. Returns the selection and the gathered records (f64[N_global, len(SELECT_FIELDS)])."""
+        """RoC downsampling (``roc_downsample``) of the non-errored trajectories of every process. Returns
+        the selection and the gathered records (f64[N_global, len(SELECT_FIELDS)])."""
         roc = self.cfg.rl.roc
         parts = allgather_rows(select_records(trajs, roc))
         offsets = np.cumsum([0] + [len(x) for x in parts]).astype(np.int64)
@@ -149,16 +150,20 @@ class Learner:
         ok = np.flatnonzero(rec[:, F["ok"]] > 0)
         p_format = np.where(rec[:, F["ok"]] > 0, rec[:, F["p_format"]], np.nan)
         if not len(ok):
-            return Selection(kept=np.zeros(0, np.int64), advantages=np.zeros(0, np.float32), offsets=offsets,
-                             p_format=p_format), rec
+            return Selection(kept=np.zeros(0, np.int64), offsets=offsets, p_format=p_format), rec
         rewards, groups = rec[ok, F["reward"]], rec[ok, F["group"]].astype(np.int64)
         pt = combine((rec[ok, F["p_err"]], rec[ok, F["p_format"]]), use_p_err=roc.use_p_err,
                      use_p_format=roc.use_p_format)
         kept_sub = roc_downsample(rewards, groups, pt, roc.keep_per_group, seed, roc.mode,
                                   min_per_class=roc.min_per_class, eps=roc.eps)
-        adv = compute_advantages(rewards[kept_sub], groups[kept_sub], self.cfg.rl.advantage)
-        return Selection(kept=ok[kept_sub], advantages=np.asarray(adv, np.float32), offsets=offsets,
-                         p_format=p_format), rec
+        return Selection(kept=ok[kept_sub], offsets=offsets, p_format=p_format), rec
+
+    def advantages(self, sel: Selection, rec: np.ndarray) -> np.ndarray:
+        """f32[K]: Â of RoC's kept trajectories (``rl.compute_advantages`` by ``AdvantageConfig.kind``)
+        from their rewards and groups in the gathered records, in ``sel.kept``'s order."""
+        kept = sel.kept
+        adv = compute_advantages(rec[kept, F["reward"]], rec[kept, F["group"]].astype(np.int64), self.cfg.rl.advantage)
+        return np.asarray(adv, np.float32)
 
     def _process_rows(self, sel: Selection, p: int) -> np.ndarray:
         """Positions in ``sel.kept`` of the rows process ``p`` trains (its kept, cut to its row count)."""
@@ -206,23 +211,25 @@ class Learner:
         computed = len(run) * b * seq_len
         return {"pad_frac": 1.0 - tokens / max(computed, 1), "micro_batches_run": len(run), "micro_batches": n}
 
-    def batch(self, trajs: Sequence[Trajectory], sel: Selection, rec: np.ndarray) -> dict[str, np.ndarray]:
+    def batch(self, trajs: Sequence[Trajectory], sel: Selection, rec: np.ndarray,
+              advantages: np.ndarray) -> dict[str, np.ndarray]:
         """Host arrays of this process's kept rows (packed or one per row), padded with zero-mask rows
-        to its row count; the padded length is the same in every process (from the gathered lengths)."""
+        to its row count; the padded length is the same in every process (from the gathered lengths).
+        ``advantages``: f32[K], one per ``sel.kept`` (``advantages``)."""
         seq_len = self._seq_len(sel, rec)
         mine = self._process_rows(sel, self.process_index)
         lo = sel.offsets[self.process_index]
         rows = [trajs[int(i - lo)] for i in sel.kept[mine]]
         n_rows = self._rows.stop - self._rows.start
         if self.cfg.pack:
-            packed = pack_trajectories(rows, sel.advantages[mine], seq_len, self.pad_id)
+            packed = pack_trajectories(rows, advantages[mine], seq_len, self.pad_id)
             batch = {k: np.zeros((n_rows, *v.shape[1:]), v.dtype) + (self.pad_id if k in ("tokens", "targets") else 0)
                      for k, v in packed.items()}
             where = self._micro_order(self.process_index)[: len(packed["tokens"])]
             for k, v in packed.items():
                 batch[k][where] = v
         else:
-            batch = trajectories_to_batch(rows, sel.advantages[mine], seq_len, self.pad_id)  # rows may be []
+            batch = trajectories_to_batch(rows, advantages[mine], seq_len, self.pad_id)  # rows may be []
             pad = n_rows - len(rows)
             if pad:
                 batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype) + (
@@ -238,19 +245,15 @@ class Learner:
             batch["sampler_logp"] = batch.pop("old_logp")
         return batch
 
-    def update(self, trajs: Sequence[Trajectory], seed: int) -> tuple[dict[str, float], Selection]:
-        """RoC -> advantages -> one train step (none when RoC keeps nothing, in any process). Returns
-        the step's metrics (``n_sampled``, ``n_kept`` over every process; ``train/*``) and the selection."""
-        sel, rec = self.select(trajs, seed)
-        m: dict[str, float] = {"n_sampled": len(rec), "n_kept": int(len(sel.kept))}
-        if len(sel.kept):
-            host = self.batch(trajs, sel, rec)
-            m.update(version_metrics(host.pop("versions"), host["loss_mask"], self.version))
-            batch = shard_batch(host, self.mesh) if self.num_processes == 1 else process_local_batch(host, self.mesh)
-            self.state, metrics = self._step_fn(self.state, batch)
-            m.update({f"train/{k}": float(v) for k, v in metrics.items()})
-            m.update({f"train/{k}": float(v) for k, v in self.padding(sel, rec).items()})
-        return m, sel
+    def update(self, host: dict[str, np.ndarray]) -> dict[str, float]:
+        """One train step on ``batch``'s host arrays (this process's rows; a collective with several
+        processes). Returns the version metrics of the trained tokens (every process's) and ``train/*``."""
+        host = dict(host)
+        m = version_metrics(host.pop("versions"), host["loss_mask"], self.version)
+        batch = shard_batch(host, self.mesh) if self.num_processes == 1 else process_local_batch(host, self.mesh)
+        self.state, metrics = self._step_fn(self.state, batch)
+        m.update({f"train/{k}": float(v) for k, v in metrics.items()})
+        return m
 
 
 def version_metrics(versions_bt: np.ndarray, mask_bt: np.ndarray, learner_version: int) -> dict[str, float]:

@@ -1,10 +1,17 @@
-"""One GRPO-RoC step, shared by the toy demo and the full recipe::
+"""One GRPO-RoC step, shared by the toy demo and the full recipe, read as its stages::
 
-    trajs = rollout.generate(problems, budget)  ->  score(trajs)  ->  learner.update(trajs)  ->  rollout.sync
+    rl_step:   generate -> train_on -> sync
+    train_on:  score -> select (RoC) -> advantages -> batch -> update -> metrics
+
+``rl_step`` is the synchronous loop's step; the asynchronous loop (``train.async_loop.AsyncRL.step``)
+runs the same ``train_on`` on a batch generated ahead, with its stale filter as ``keep``. Each stage
+is one named call: ``Rollout.generate`` (engines, tool calls, the sandbox), ``rollout.score``
+(rewards and format statistics), ``Learner.select`` / ``advantages`` / ``batch`` / ``update``
+(``train.learner``), ``Rollout.sync`` (the new weights to every engine).
 
 Several processes: each rolls out its shard of ``problems`` (``Rollout.generate``); the metrics are
 the global batch's (per-trajectory numbers gathered, the dispatcher's scalars reduced), the same in
-every process. ``rl_step`` returns the step's metrics: rollout statistics (reward, tool use, lengths), RoC
+every process. The metrics: rollout statistics (reward, tool use, lengths: ``train.stats``), RoC
 (``n_kept``, tool errors of kept positives), the loss, each stage's seconds and ``compiles`` (XLA
 compilations during the step, from ``jax.monitoring``; 0 once every shape has been seen). The
 caller owns data order, evaluation, logging and checkpoints.
@@ -18,44 +25,68 @@ from typing import Any, Sequence
 import numpy as np
 
 from rstar2_jax.distributed import allgather_rows
-from rstar2_jax.train.learner import Learner
-from rstar2_jax.train.stats import COL, positive_tool_error_rate, reduce_scalars, rollout_metrics, trajectory_stats
-from rstar2_jax.rollout.dispatcher import RolloutResult
 from rstar2_jax.rollout.score import RewardBatchFn, score
 from rstar2_jax.rollout.service import Rollout
+from rstar2_jax.rollout.state import RolloutResult
 from rstar2_jax.rollout.trajectory import Trajectory
+from rstar2_jax.train.learner import Learner, Selection
+from rstar2_jax.train.stats import COL, positive_tool_error_rate, reduce_scalars, rollout_metrics, trajectory_stats
 from rstar2_jax.utils.compiles import CompileCounter
 
 
 def rl_step(rollout: Rollout, learner: Learner, reward_fn: RewardBatchFn, problems: Sequence[Any], *, seed: int,
             budget: int | None = None, compiles: CompileCounter | None = None, show_progress: bool = False
             ) -> tuple[dict[str, Any], RolloutResult]:
-    """Generate -> score -> update -> sync (see the module docstring). ``compiles``: a counter whose
+    """generate -> train_on -> sync (see the module docstring). ``compiles``: a counter whose
     ``take()`` at the end is the step's compilations (its mark moves to now)."""
     t0 = time.perf_counter()
     res = rollout.generate(problems, seed=seed, budget=budget, show_progress=show_progress)
-    t1 = time.perf_counter()
-    sc = score(res.trajectories, reward_fn, tags=rollout.cfg.template.tags)
-    t2 = time.perf_counter()
-    m, sel = learner.update(res.trajectories, seed)
-    t3 = time.perf_counter()
+    m, _ = train_on(res, learner, reward_fn, seed=seed, tags=rollout.cfg.template.tags,
+                    rollout_s=time.perf_counter() - t0)
     sync = rollout.sync(learner.params, version=learner.version)
-    m.update(roc_rollout_metrics(res.trajectories, sel))
-    red = reduce_scalars({"time_rollout_s": t1 - t0, "time_reward_s": sc.seconds, "tool_time_s": res.metrics["tool_time_s"],
-                          "time_sync_s": sync.seconds, "preemptions": res.metrics["preemptions"],
-                          "unshared_children": res.metrics["unshared_children"],
-                          "tokens_per_s": res.metrics["tokens_per_s"], "length_model_n": res.metrics["length_model_n"]})
-    m.update(time_rollout_s=red["time_rollout_s"], time_reward_s=red["time_reward_s"], time_tools_s=red["tool_time_s"],
-             time_train_s=t3 - t2, time_sync_s=red["time_sync_s"], sync_bytes=sync.bytes,
-             sync_moved_bytes=sync.moved_bytes, preemptions=int(red["preemptions"]),
-             unshared_children=int(red["unshared_children"]), tokens_per_s=red["tokens_per_s"],
-             length_model_n=int(red["length_model_n"]))
+    m.update(time_sync_s=reduce_scalars({"time_sync_s": sync.seconds})["time_sync_s"], sync_bytes=sync.bytes,
+             sync_moved_bytes=sync.moved_bytes)
     if compiles is not None:
         m["compiles"] = compiles.take()
     return m, res
 
 
-def roc_rollout_metrics(trajs: Sequence[Trajectory], sel: Any, keep: Sequence[bool] | None = None) -> dict[str, Any]:
+def train_on(res: RolloutResult, learner: Learner, reward_fn: RewardBatchFn, *, seed: int, tags: Any,
+             rollout_s: float, keep: Sequence[bool] | None = None) -> tuple[dict[str, Any], Selection]:
+    """score -> select -> advantages -> batch -> update on a generated batch, and its metrics.
+
+    ``keep``: which of ``res.trajectories`` may reach the learner (the async loop's stale filter;
+    None: all). Every trajectory is scored and counted in the rollout metrics; RoC selects among the
+    kept ones; no update when it keeps nothing (in any process). ``rollout_s``: the batch's rollout
+    seconds (reduced over processes). Returns the metrics and RoC's selection (indices into the kept
+    trajectories of every process, in process order).
+    """
+    trajs = res.trajectories
+    sc = score(trajs, reward_fn, tags=tags)
+    passed = trajs if keep is None else [t for t, ok in zip(trajs, keep) if ok]
+    t0 = time.perf_counter()
+    sel, rec = learner.select(passed, seed)
+    m: dict[str, Any] = {"n_sampled": len(rec), "n_kept": int(len(sel.kept))}
+    if len(sel.kept):
+        adv = learner.advantages(sel, rec)
+        batch = learner.batch(passed, sel, rec, adv)
+        m.update(learner.update(batch))
+        m.update({f"train/{k}": float(v) for k, v in learner.padding(sel, rec).items()})
+    train_s = time.perf_counter() - t0
+    m.update(roc_rollout_metrics(trajs, sel, keep))
+    red = reduce_scalars({"time_rollout_s": rollout_s, "time_reward_s": sc.seconds, "tool_time_s": res.metrics["tool_time_s"],
+                          "preemptions": res.metrics["preemptions"],
+                          "unshared_children": res.metrics["unshared_children"],
+                          "tokens_per_s": res.metrics["tokens_per_s"], "length_model_n": res.metrics["length_model_n"]})
+    m.update(time_rollout_s=red["time_rollout_s"], time_reward_s=red["time_reward_s"], time_tools_s=red["tool_time_s"],
+             time_train_s=train_s, preemptions=int(red["preemptions"]),
+             unshared_children=int(red["unshared_children"]), tokens_per_s=red["tokens_per_s"],
+             length_model_n=int(red["length_model_n"]))
+    return m, sel
+
+
+def roc_rollout_metrics(trajs: Sequence[Trajectory], sel: Selection, keep: Sequence[bool] | None = None
+                        ) -> dict[str, Any]:
     """``rollout_metrics`` over every process's ``trajs`` (rows in process order) and the tool-error
     rate of RoC's kept positives. ``sel``: the learner's RoC selection over the trajectories that
     reached it: all of them (``keep`` None) or those with ``keep`` True (the async loop's stale

@@ -6,7 +6,7 @@ wrapped method, records the RSS before the call, the highest sample during it an
 (GB), so a table says which stage of a run holds what (``experiments/bench_real_shapes.py --trace``).
 
     trace = RssTrace()
-    trace.wrap(Learner, "update")           # every Learner.update call becomes a row
+    trace.wrap(Learner, "update")           # every Learner.update call (the jitted step) becomes a row
     with trace: ...                         # run
     print(trace.table())
 """

@@ -10,7 +10,7 @@ import pytest
 from rstar2_jax.admission import dynamic
 from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
 from rstar2_jax.admission.config import AdmissionConfig, Policy
-from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimTrajectory, simulate
+from rstar2_jax.sim.simulate import SimEngine, SimGroup, SimTrajectory, simulate
 from tests.rollout.fakes import InstantPool
 
 pytestmark = pytest.mark.fast
@@ -209,7 +209,7 @@ class _NoExport:
 def test_dispatcher_migrates_a_trajectory_off_the_slow_engine(failing_export, monkeypatch):
     from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
     from rstar2_jax.rollout.template import TemplateConfig
-    from rstar2_jax.tokenizer import ByteTokenizer
+    from rstar2_jax.text.tokenizer import ByteTokenizer
     from tests.rollout.fakes import ScriptedEngine, StepClock
 
     clock = StepClock().install(monkeypatch)  # the measured step speeds are the nominal 50 ms / 1 ms, not wall time
@@ -256,9 +256,9 @@ def test_simulator_and_dispatcher_agree_on_the_dynamic_admission_order(monkeypat
     reverses the submission order: the admissions before anything finishes are the same, long-first,
     2 groups per engine (the slots), the rest waiting."""
     from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
-    from rstar2_jax.admission.simulate import Simulator
+    from rstar2_jax.sim.simulate import Simulator
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
-    from rstar2_jax.tokenizer import ByteTokenizer
+    from rstar2_jax.text.tokenizer import ByteTokenizer
     from tests.rollout.fakes import ANSWER, ScriptedEngine, record_ledgers, scripted_problems
 
     tok, tpl, budget = ByteTokenizer(), TemplateConfig.toy(), 96
@@ -300,7 +300,7 @@ def test_worker_reports_model_steps_and_waiting_groups_are_not_retried_every_ste
     from rstar2_jax.rollout.messages import Stepped
     from rstar2_jax.rollout.template import TemplateConfig
     from rstar2_jax.rollout.worker import EngineWorker
-    from rstar2_jax.tokenizer import ByteTokenizer
+    from rstar2_jax.text.tokenizer import ByteTokenizer
     from tests.rollout.fakes import ScriptedEngine
 
     class Looping(ScriptedEngine):

@@ -75,7 +75,8 @@ def test_rejects_bad_model():
 def test_simulator_policy_defaults_match_the_dispatcher():
     import inspect
 
-    from rstar2_jax.admission import AdmissionConfig, simulate
+    from rstar2_jax.admission import AdmissionConfig
+    from rstar2_jax.sim import simulate
     from rstar2_jax.rollout.dispatcher import RolloutConfig
 
     # one config type: the dispatcher's (composed) and the simulator's default are the same value

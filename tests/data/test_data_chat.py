@@ -9,7 +9,7 @@ from rstar2_jax.data.chat import ChatFormatError, load_chat_jsonl, render_chat, 
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt, render_tool_result
 from rstar2_jax.rollout.trajectory import Status, Trajectory
 from rstar2_jax.sandbox import CodeResult
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.fast
 

@@ -10,7 +10,7 @@ from rstar2_jax.data.sft_traces import TraceConfig, TraceError, break_code, buil
 from rstar2_jax.data.toy import ToyProblem, generate
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 
 CFG = TraceConfig(p_error_retry=0.25, p_no_tool=0.1, p_extra_answer=0.15)
 N = 200

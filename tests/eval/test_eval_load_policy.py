@@ -17,7 +17,7 @@ from rstar2_jax.model.hf_io import export_hf
 from rstar2_jax.rl import OptimConfig, RLConfig
 from rstar2_jax.rl.checkpoint import Checkpointer
 from rstar2_jax.rl.train_step import init_train_state
-from rstar2_jax.tokenizer import CHAT_SPECIALS, ByteTokenizer, HFTokenizer
+from rstar2_jax.text.tokenizer import CHAT_SPECIALS, ByteTokenizer, HFTokenizer
 from tests.eval.eval_helpers import REPO, load_script
 
 TOY_ARGS = {"hidden": 32, "layers": 1, "seed": 0, "budget": 64}
@@ -57,7 +57,7 @@ def test_toy_run_directory_round_trips(tmp_path, toy_policy, max_grad_norm):
 
 
 def test_toy_run_directory_uses_its_learned_tokenizer(tmp_path):
-    from rstar2_jax.tokenizer import train_byte_bpe
+    from rstar2_jax.text.tokenizer import train_byte_bpe
     tok = train_byte_bpe(["<|im_start|>user\nWhat is 12*34?<|im_end|>"] * 10, 300)
     tok.save(tmp_path)  # what toy_tool_math.py writes next to args.json
     cfg = toy_model_config(TOY_ARGS, tok.vocab_size)

@@ -11,7 +11,7 @@ from rstar2_jax.data.datasets import load_dataset
 from rstar2_jax.eval import EvalConfig, evaluate_suite, format_table, make_sampler
 from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
 
 TOK = ByteTokenizer()

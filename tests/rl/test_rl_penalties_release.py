@@ -19,7 +19,7 @@ from rstar2_jax.rl import RocConfig
 from rstar2_jax.rl.penalties import RocRecord, p_format_release, p_total, stack_records
 from rstar2_jax.rollout import TemplateConfig, Trajectory, render_prompt
 from rstar2_jax.sandbox import CodeResult
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 
 pytestmark = pytest.mark.fast
 

@@ -122,15 +122,16 @@ def test_roc_composes_with_every_advantage_kind(policy, kind):
     rewards = [1, 1, 0, 1, 0, 0, 1, 0, 0, 1, 1, 0]
     trajs = [_scored(i, i // 6, float(r), i % 3) for i, r in enumerate(rewards)]
     base = dataclasses.replace(RLConfig.tiny(), roc=RocConfig(keep_per_group=3, mode="deterministic"))
-    sels = {}
+    sels, advs = {}, {}
     for k in ("grpo", kind):
         cfg = dataclasses.replace(base, advantage=AdvantageConfig(kind=k))
         learner = Learner(graphdef, init_train_state(params, cfg, 0), LearnerConfig(rl=cfg, seq_len=T, rows=6),
                           pad_id=0)
-        sels[k], _ = learner.select(trajs, seed=0)
+        sels[k], rec = learner.select(trajs, seed=0)
+        advs[k] = learner.advantages(sels[k], rec)
     np.testing.assert_array_equal(sels[kind].kept, sels["grpo"].kept)  # RoC's choice does not depend on the kind
     kept = sels[kind].kept
     assert len(kept) == 6
     want = compute_advantages(np.asarray(rewards, float)[kept], np.asarray([i // 6 for i in range(12)])[kept],
                               AdvantageConfig(kind=kind))
-    np.testing.assert_allclose(sels[kind].advantages, want, rtol=1e-6)
+    np.testing.assert_allclose(advs[kind], want, rtol=1e-6)

@@ -9,7 +9,7 @@ from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rollout import TemplateConfig
 from rstar2_jax.rollout.dispatcher import EXPECTED_REFUSALS, Dispatcher, RolloutConfig
 from rstar2_jax.rollout.score import score
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 from tests.rollout.fakes import InstantPool, ScriptedEngine
 from tests.rollout.test_scripted_rollout import P, call
 

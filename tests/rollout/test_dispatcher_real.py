@@ -19,7 +19,7 @@ from rstar2_jax.rollout import TemplateConfig, render_prompt
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.score import score
 from rstar2_jax.sampling import EngineConfig, EngineStats, PagedEngine
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 TPL = TemplateConfig.toy()

@@ -16,7 +16,7 @@ import pytest
 from rstar2_jax.rollout import TemplateConfig, Trajectory, render_prompt, render_tool_result, tool_response_segment
 from rstar2_jax.rollout.template import ToolCall, ToolCallError, parse_tool_call, truncate_halves
 from rstar2_jax.sandbox import CodeResult
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 
 TOK = ByteTokenizer()
 REL = TemplateConfig.release()

@@ -10,7 +10,7 @@ from rstar2_jax.rollout import TemplateConfig, tool_response_segment
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.train.learner import roc_record
 from rstar2_jax.rollout.score import score
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
 
 TOK = ByteTokenizer()

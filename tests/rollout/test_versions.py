@@ -20,7 +20,7 @@ from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.messages import PushWeights
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.sampling import EngineConfig, PagedEngine
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 from tests.rollout.fakes import InstantPool, ScriptedEngine
 from tests.rollout.test_scripted_rollout import P, call
 

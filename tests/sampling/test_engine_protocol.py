@@ -10,10 +10,10 @@ from flax import nnx
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.sampling import Engine, EngineConfig, PagedEngine
-from rstar2_jax.sampling.engine_proc import ProcessEngine
+from rstar2_jax.deploy.engine_proc import ProcessEngine
 from rstar2_jax.testing.engine_host import EngineHost, ScriptedTurnsEngine
 from tests.rollout.fakes import ScriptedEngine
-from tests.sampling.test_engine_proc import TOK, make_engine, script
+from tests.deploy.test_engine_proc import TOK, make_engine, script
 
 PROPERTIES = ("page_size", "usable_pages", "max_seq_len")
 METHODS = ("submit", "submit_group", "step", "resume", "release", "has_work", "stats", "set_params")

@@ -9,7 +9,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, kv_cache, naive_generate
+from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, kv_cache
+from rstar2_jax.testing.dense_sampler import naive_generate
 from rstar2_jax.sampling.sequence import TRANSITIONS, Seq, SeqState
 from rstar2_jax.sampling.mixed_loop import mixed_loop
 from rstar2_jax.sampling.step import paged_step

@@ -17,8 +17,8 @@ from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.sampling import EngineConfig, PagedEngine
-from rstar2_jax.sampling.scripted import ScriptedPolicy
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.testing.scripted import ScriptedPolicy
+from rstar2_jax.text.tokenizer import ByteTokenizer
 from tests.rollout.fakes import InstantPool, StepClock
 
 TOK, TPL = ByteTokenizer(), TemplateConfig.toy()

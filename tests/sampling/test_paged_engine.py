@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from rstar2_jax.model import token_logprobs
-from rstar2_jax.sampling import (DenseSampler, EngineConfig, Greedy, PagedEngine, Request, Temperature, TopP,
-                                 child_key_data, naive_generate)
+from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature, TopP, child_key_data
+from rstar2_jax.testing.dense_sampler import DenseSampler, naive_generate
 
 MAX_LEN = 64  # a multiple of kv_cache.KV_BLOCK (the dense sampler needs it)
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=MAX_LEN, num_pages=64, prefill_chunk=8, prefill_rows=1)

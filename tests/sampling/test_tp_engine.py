@@ -1,4 +1,4 @@
-"""Tensor-parallel PagedEngine (``sampling.placement``): the same tokens and log-probs as one device.
+"""Tensor-parallel PagedEngine (``deploy.placement``): the same tokens and log-probs as one device.
 
 One tiny policy (4 query heads, 2 KV heads) and one workload per module: mixed prompt lengths, a
 forked group, a pool small enough to preempt, and a sequence paused and resumed with appended
@@ -14,8 +14,8 @@ import pytest
 
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature
-from rstar2_jax.sampling.placement import (EngineLayout, PlacementConfig, leaf_devices, plan_placement,
-                                           tp_split)
+from rstar2_jax.deploy.placement import PlacementConfig, plan_placement
+from rstar2_jax.sampling.layout import EngineLayout, leaf_devices, tp_split
 
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=64, num_pages=14, prefill_chunk=8)
 

@@ -21,7 +21,7 @@ from rstar2_jax.rollout.dispatcher import RolloutConfig
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.trajectory import Trajectory
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
 from tests.rollout.test_versions import _forwarding, _push_and_wait, _PushOnStep
 from tests.train.test_learner import P, script

@@ -1,6 +1,6 @@
 """The async loop really overlaps, as an order of recorded events (no sleeps, no clocks): at k = 1 the
 rollout of batch b + 1 starts while the update of batch b runs; at k = 0 it starts only after, and the
-run equals ``loop.rl_step`` bit for bit (metrics and parameters)."""
+run equals ``train.step.rl_step`` bit for bit (metrics and parameters)."""
 
 import math
 import threading
@@ -28,7 +28,8 @@ def _recorded_run(policy, pool, cfg: AsyncConfig, steps: int, *, block: bool):
         with lock:
             events.append((what, b))
 
-    generate, update = rollout.generate, learner.update
+    generate, select, update = rollout.generate, learner.select, learner.update
+    batch_of = []  # the batch being trained (its seed: the batch index here)
 
     def gen(problems, *, seed, **kw):  # seed = the batch index here
         record("rollout_start", seed)
@@ -37,15 +38,20 @@ def _recorded_run(policy, pool, cfg: AsyncConfig, steps: int, *, block: bool):
         record("rollout_end", seed)
         return res
 
-    def upd(trajs, seed):
+    def sel(trajs, seed):  # the learner's first stage (train.step.train_on): the update starts
         record("update_start", seed)
-        out = update(trajs, seed)
-        if block and seed + 1 < steps and not started[seed + 1].wait(SYNC_TIMEOUT_S):
-            raise AssertionError(f"the rollout of batch {seed + 1} never started during the update of {seed}")
-        record("update_end", seed)
+        batch_of.append(seed)
+        return select(trajs, seed)
+
+    def upd(batch):
+        b = batch_of[-1]
+        out = update(batch)
+        if block and b + 1 < steps and not started[b + 1].wait(SYNC_TIMEOUT_S):
+            raise AssertionError(f"the rollout of batch {b + 1} never started during the update of {b}")
+        record("update_end", b)
         return out
 
-    rollout.generate, learner.update = gen, upd
+    rollout.generate, learner.select, learner.update = gen, sel, upd
     a = AsyncRL(rollout, learner, reward_fn, cfg)
     a.start(0)
     rows = []

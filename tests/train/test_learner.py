@@ -23,7 +23,7 @@ from rstar2_jax.rollout import TemplateConfig
 from rstar2_jax.rollout.dispatcher import RolloutConfig
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.sandbox import SandboxLimits, SandboxPool
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 from rstar2_jax.utils.compiles import CompileCounter
 from tests.rollout.fakes import ScriptedEngine
 

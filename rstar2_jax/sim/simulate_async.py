@@ -1,7 +1,7 @@
 """Discrete-event model of the RL loop: rollout and training, synchronous or overlapped (pure Python).
 
 A stream of steps, each a batch of ``B`` groups (``SimGroup``: the 2G samples of one problem), rolls
-out on the simulated engines of ``admission.simulate`` (same engine model, same ``AdmissionLedger``);
+out on the simulated engines of ``sim.simulate`` (same engine model, same ``AdmissionLedger``);
 a learner turns ``B`` finished groups into one update (policy version ``u -> u + 1``) in
 ``train_s + train_s_per_token * tokens`` seconds (tokens: prompt + response of every trained sample),
 then pushes the weights in ``sync_s`` seconds (the learner is busy; the engines are paused).
@@ -23,7 +23,7 @@ then pushes the weights in ``sync_s`` seconds (the learner is busy; the engines 
   does not count towards ``B``), or trained and counted as partial (``stale="keep"``).
 
 Placement is the caller's: the engines given here are the rollout devices, ``train_s`` the learner's
-time on its own devices (``testing.paper_scale`` splits 64 accelerators and scales ``train_s``).
+time on its own devices (``sim.paper_scale`` splits 64 accelerators and scales ``train_s``).
 
 Outputs (``AsyncResult``), over a window of ``window_steps`` updates after ``warmup_steps``: steps/s,
 trained samples/s and tokens/s, per update a token-weighted staleness histogram (learner version
@@ -32,13 +32,13 @@ minus train and sync) and engine seconds busy (a sequence in a slot, stepping), 
 starved (nothing in a slot); busy + paused + starved = engines x window wall (colocated, the
 starved seconds include the devices' training).
 
-``predict_step_s`` is the other model, of the real loop rather than the paper's: ``async_loop.AsyncRL``'s
+``predict_step_s`` is the other model, of the real loop rather than the paper's: ``train.async_loop.AsyncRL``'s
 two threads (the rollout thread generating whole batches, the main thread scoring, updating and
 publishing) from stage seconds measured in a synchronous run (``StageTimes.from_row``), with a
 processor-sharing contention factor for threads that share the cores; ``experiments/bench_async.py``
 checks it against the demo (``sim_error``).
 
-Approximations (named), beyond ``admission.simulate``'s: training time is affine in trained tokens
+Approximations (named), beyond ``sim.simulate``'s: training time is affine in trained tokens
 (no per-sample padding or micro-batch rounding); the weight push costs the same ``sync_s`` whatever
 the engines are doing and pauses every engine at once; the learner cannot start an update while it
 pushes; a dropped sample is not regenerated; scoring and RoC take no time.
@@ -53,16 +53,16 @@ from typing import Hashable, Literal, Mapping, Sequence
 
 from rstar2_jax.admission.book import AdmissionLedger, EngineShape
 from rstar2_jax.admission.config import AdmissionConfig
-from rstar2_jax.admission.sim_types import SimEngine, SimEngineState, SimGroup, SimLiveGroup, SimSeq
-from rstar2_jax.admission.simulate import Simulator
+from rstar2_jax.sim.records import SimEngine, SimEngineState, SimGroup, SimLiveGroup, SimSeq
+from rstar2_jax.sim.simulate import Simulator
 
-__all__ = ["AsyncConfig", "AsyncResult", "AsyncSimulator", "StageTimes", "predict_step_s", "simulate_async"]
+__all__ = ["SimLoopConfig", "AsyncResult", "AsyncSimulator", "StageTimes", "predict_step_s", "simulate_async"]
 
 _EPS = 1e-9
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class AsyncConfig:
+class SimLoopConfig:
     """The learner and the overlap (seconds are the learner's, on its own devices)."""
 
     max_staleness: int = 0  # k: 0 is the synchronous loop
@@ -75,11 +75,11 @@ class AsyncConfig:
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0 or self.warmup_steps < 0 or self.window_steps < 1:
-            raise ValueError("AsyncConfig: need max_staleness >= 0, warmup_steps >= 0, window_steps >= 1")
+            raise ValueError("SimLoopConfig: need max_staleness >= 0, warmup_steps >= 0, window_steps >= 1")
         if min(self.train_s, self.train_s_per_token, self.sync_s) < 0:
-            raise ValueError("AsyncConfig: times must be >= 0")
+            raise ValueError("SimLoopConfig: times must be >= 0")
         if self.stale not in ("drop", "keep"):
-            raise ValueError(f"AsyncConfig.stale must be 'drop' or 'keep', got {self.stale!r}")
+            raise ValueError(f"SimLoopConfig.stale must be 'drop' or 'keep', got {self.stale!r}")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,7 +109,7 @@ class AsyncSimulator(Simulator):
     ``warmup_steps + window_steps`` batches (``+ max_staleness`` keeps the window's pipeline full)."""
 
     def __init__(self, steps: Sequence[Sequence[SimGroup]], *, n_engines: int, engine: SimEngine | Sequence[SimEngine],
-                 budget: int, cfg: AsyncConfig, policy: AdmissionConfig = AdmissionConfig(),
+                 budget: int, cfg: SimLoopConfig, policy: AdmissionConfig = AdmissionConfig(),
                  lengths: Sequence[int] = (), history: Mapping[Hashable, Sequence[int]] | None = None):
         self.cfg, self.n_updates = cfg, cfg.warmup_steps + cfg.window_steps
         if len(steps) < self.n_updates or len({len(b) for b in steps}) != 1 or not steps[0]:
@@ -295,7 +295,7 @@ class AsyncSimulator(Simulator):
 
 
 def simulate_async(steps: Sequence[Sequence[SimGroup]], *, n_engines: int, engine: SimEngine | Sequence[SimEngine],
-                   budget: int, cfg: AsyncConfig, policy: AdmissionConfig = AdmissionConfig(),
+                   budget: int, cfg: SimLoopConfig, policy: AdmissionConfig = AdmissionConfig(),
                    lengths: Sequence[int] = (), history: Mapping[Hashable, Sequence[int]] | None = None) -> AsyncResult:
     """Run the RL loop over ``steps`` (see the module docstring); ``lengths``/``history`` as ``simulate``'s."""
     return AsyncSimulator(steps, n_engines=n_engines, engine=engine, budget=budget, cfg=cfg, policy=policy,
@@ -307,7 +307,7 @@ def simulate_async(steps: Sequence[Sequence[SimGroup]], *, n_engines: int, engin
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class StageTimes:
-    """One RL step's stage seconds, measured in a synchronous run (``loop.rl_step``'s metrics):
+    """One RL step's stage seconds, measured in a synchronous run (``train.step.rl_step``'s metrics):
     ``rollout_s`` = ``time_rollout_s``, ``score_s`` = ``time_reward_s``, ``update_s`` = ``time_train_s``,
     ``sync_s`` = ``time_sync_s``, ``other_s`` = ``step_s`` minus those four (metrics, gathers)."""
 
@@ -336,8 +336,8 @@ class StageTimes:
 
 def predict_step_s(steps: Sequence[StageTimes], *, max_staleness: int, contention: float = 0.0) -> tuple[float, ...]:
     """Per RL step, the seconds ``run.driver`` measures (``step_s``: the main thread from the step's
-    start to its end) of ``async_loop.AsyncRL`` with ``max_staleness = lookahead = k`` (not fresh, no
-    in-flight push, no drain point before the last step), or of ``loop.rl_step`` for k = 0, when batch
+    start to its end) of ``train.async_loop.AsyncRL`` with ``max_staleness = lookahead = k`` (not fresh, no
+    in-flight push, no drain point before the last step), or of ``train.step.rl_step`` for k = 0, when batch
     ``b``'s stages take ``steps[b]``'s solo seconds. Pure; no JAX.
 
     Two threads. The rollout thread generates batch ``b`` (``rollout_s``) once batch ``b - 1`` is

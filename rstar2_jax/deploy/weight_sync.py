@@ -32,7 +32,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from rstar2_jax.sampling.placement import ENGINE_AXES, EngineLayout
+from rstar2_jax.sampling.layout import ENGINE_AXES, EngineLayout
 
 Index = tuple[tuple[int, int], ...]
 

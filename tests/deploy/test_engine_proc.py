@@ -15,10 +15,10 @@ import pytest
 from rstar2_jax.rollout import TemplateConfig
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
 from rstar2_jax.rollout.score import score
-from rstar2_jax.sampling.engine_proc import ProcessEngine
+from rstar2_jax.deploy.engine_proc import ProcessEngine
 from rstar2_jax.sampling import Request
 from rstar2_jax.sandbox import CodeResult
-from rstar2_jax.tokenizer import ByteTokenizer
+from rstar2_jax.text.tokenizer import ByteTokenizer
 from tests.rollout.fakes import ScriptedEngine
 
 TOK = ByteTokenizer()

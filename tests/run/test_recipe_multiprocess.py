@@ -27,7 +27,7 @@ import pytest
 
 from rstar2_jax import distributed
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "rstar2_recipe.py"
 LAYOUT_VARS = [n for names in distributed.ENV_VARS.values() for n in names] + list(distributed.SLURM_VARS) + [
     "OMPI_COMM_WORLD_SIZE", "OMPI_MCA_orte_hnp_uri"]
@@ -112,7 +112,7 @@ def _final(out: Path) -> tuple[dict, list[np.ndarray]]:
     from rstar2_jax.model.config import ModelConfig
     from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
     from rstar2_jax.run.recipe import RecipeConfig
-    from rstar2_jax.tokenizer import ByteTokenizer
+    from rstar2_jax.text.tokenizer import ByteTokenizer
 
     sys.path.insert(0, str(ROOT / "experiments"))
     import rstar2_recipe

@@ -17,7 +17,7 @@ import pytest
 
 from tests.shared_data import SHARED_DATA, need
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow

@@ -1,4 +1,4 @@
-"""Weight sync (``sampling.weight_sync``): trainer params on an FSDP mesh over 8 devices -> 4 engines
+"""Weight sync (``deploy.weight_sync``): trainer params on an FSDP mesh over 8 devices -> 4 engines
 of 2 devices each (tensor-parallel), on device, equal to the trainer's after a train step."""
 
 import dataclasses
@@ -14,8 +14,9 @@ from rstar2_jax.model.config import MeshConfig, ModelConfig
 from rstar2_jax.rl.config import OptimConfig, RLConfig
 from rstar2_jax.rl.train_step import init_train_state, make_train_step, shard_batch
 from rstar2_jax.sampling import EngineConfig, PagedEngine
-from rstar2_jax.sampling.placement import PlacementConfig, leaf_devices, plan_placement
-from rstar2_jax.sampling.weight_sync import WeightSync
+from rstar2_jax.deploy.placement import PlacementConfig, plan_placement
+from rstar2_jax.sampling.layout import leaf_devices
+from rstar2_jax.deploy.weight_sync import WeightSync
 
 ECFG = EngineConfig(num_slots=2, page_size=4, max_seq_len=32, num_pages=8, prefill_chunk=8)
 

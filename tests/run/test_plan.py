@@ -13,7 +13,7 @@ from rstar2_jax.run.plan import (DEVICE_MEMORY_ENV, GB, MARGIN, MEM_FRACTION_ENV
 from rstar2_jax.run.plan import main as plan_main
 from rstar2_jax.run.recipe import RecipeConfig
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _tiny_input(**changes) -> PlanInput:

@@ -24,9 +24,9 @@ from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.hf_io import export_hf
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
-from rstar2_jax.tokenizer import CHAT_SPECIALS, HFTokenizer, train_byte_bpe
+from rstar2_jax.text.tokenizer import CHAT_SPECIALS, HFTokenizer, train_byte_bpe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
 PROBLEMS = [("p0", "What is 3 + 4?", "7"), ("p1", "What is 2 + 5?", "7"), ("p2", "What is 10 - 3?", "7"),
             ("p3", "What is 1 + 6?", "7")]

@@ -1,5 +1,5 @@
 """Synchronous vs asynchronous RL at the paper's scale, in the discrete-event model
-(``admission.simulate_async``): ``paper_scale_speedup``.
+(``sim.simulate_async``): ``paper_scale_speedup``.
 
 Setting (``PaperScale``; every number is an assumption stated here, none measured on accelerators):
 
@@ -36,8 +36,9 @@ import dataclasses
 
 import numpy as np
 
-from rstar2_jax.admission import AdmissionConfig, SimEngine
-from rstar2_jax.admission.simulate_async import AsyncConfig, AsyncResult, simulate_async
+from rstar2_jax.admission import AdmissionConfig
+from rstar2_jax.sim import SimEngine
+from rstar2_jax.sim.simulate_async import SimLoopConfig, AsyncResult, simulate_async
 from rstar2_jax.testing.workload import Workload, history, sim_groups
 
 
@@ -97,7 +98,7 @@ def run(p: PaperScale, k: int, engine_devices: int, seed: int = 0, stale: str = 
     learner = dev if k == 0 else dev - engine_devices
     if not (1 <= engine_devices <= dev and learner >= 1):
         raise ValueError(f"paper_scale: {engine_devices} engine devices of {dev} leave no learner")
-    cfg = AsyncConfig(max_staleness=k, train_s_per_token=p.train_s_per_token(learner), sync_s=p.sync_s, stale=stale,
+    cfg = SimLoopConfig(max_staleness=k, train_s_per_token=p.train_s_per_token(learner), sync_s=p.sync_s, stale=stale,
                       warmup_steps=p.warmup_steps, window_steps=p.window_steps)
     by_key, lengths = history(p.workload(), seed * 1000, epoch=0)
     return simulate_async(p.steps(p.warmup_steps + p.window_steps + k, seed), n_engines=engine_devices,

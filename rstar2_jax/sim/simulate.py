@@ -52,7 +52,7 @@ from typing import Hashable, Mapping, Sequence
 from rstar2_jax.admission.book import AdmissionLedger, EngineShape
 from rstar2_jax.admission.config import AdmissionConfig
 from rstar2_jax.admission.policy import admit
-from rstar2_jax.admission.sim_types import (SimEngine, SimEngineState, SimGroup, SimLiveGroup, SimResult, SimSeq,
+from rstar2_jax.sim.records import (SimEngine, SimEngineState, SimGroup, SimLiveGroup, SimResult, SimSeq,
                                            SimTrajectory)
 
 __all__ = ["SimEngine", "SimGroup", "SimResult", "SimTrajectory", "Simulator", "simulate"]

@@ -14,7 +14,7 @@ from rstar2_jax.sandbox.check import WeakerSandboxError, check_pool, shortfall
 from rstar2_jax.sandbox.isolation import Isolation
 from rstar2_jax.sandbox.limits import SandboxLimits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
 # what a root pool gets on a host that allows every layer, and a non-root one (user namespace, no uid drop)
 FULL_ROOT = Isolation(pid_ns=True, net_ns=True, ipc_ns=True, mount_ns=True, private_tmp=True, private_proc=True,

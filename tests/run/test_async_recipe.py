@@ -13,7 +13,7 @@ def test_two_processes_async_run_the_recipe_like_one(tmp_path):
     """K = 1 in 2 processes x 4 devices (gloo) equals 1 x 8: every row (timings aside) and the final params.
     Each process's rollout thread generates its shard; the collectives (learner, metrics, the weights'
     resharding) run on the main thread in step order."""
-    from tests.test_recipe_multiprocess import _assert_rows_equal, _final, _launch, _rows, _wait
+    from tests.run.test_recipe_multiprocess import _assert_rows_equal, _final, _launch, _rows, _wait
 
     extra = ("--set", "max_staleness=1", "--set", "ckpt_every=5", "--set", "eval_every=null")
     cache = tmp_path / "jax_cache"

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from rstar2_jax.sampling import Engine, EngineConfig, Greedy, PagedEngine, Request, Temperature
-from rstar2_jax.sampling.data_parallel import DataParallelEngine
+from rstar2_jax.deploy.data_parallel import DataParallelEngine
 
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=64, num_pages=14, prefill_chunk=8)
 

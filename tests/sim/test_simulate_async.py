@@ -1,11 +1,12 @@
-"""The RL-loop model (``admission.simulate_async``): k = 0 is the synchronous composition, the
+"""The RL-loop model (``sim.simulate_async``): k = 0 is the synchronous composition, the
 staleness bound holds, a hand-computed overlapped run, and the idle accounting adds up."""
 
 import numpy as np
 import pytest
 
-from rstar2_jax.admission import AdmissionConfig, SimEngine, SimGroup, SimTrajectory, simulate
-from rstar2_jax.admission.simulate_async import AsyncConfig, StageTimes, predict_step_s, simulate_async
+from rstar2_jax.admission import AdmissionConfig
+from rstar2_jax.sim import SimEngine, SimGroup, SimTrajectory, simulate
+from rstar2_jax.sim.simulate_async import SimLoopConfig, StageTimes, predict_step_s, simulate_async
 
 pytestmark = pytest.mark.fast
 
@@ -43,7 +44,7 @@ def test_k0_is_the_synchronous_composition(policy):
     # Step t (sync end to sync end) = simulate(batch t).makespan + train_s + per-token cost x tokens + sync_s.
     steps = _batches(0, 4)
     eng = _engine(num_slots=3, step_s_per_row=0.02)
-    cfg = AsyncConfig(max_staleness=0, train_s=1.5, train_s_per_token=0.01, sync_s=0.25, warmup_steps=1,
+    cfg = SimLoopConfig(max_staleness=0, train_s=1.5, train_s_per_token=0.01, sync_s=0.25, warmup_steps=1,
                       window_steps=3)
     r = simulate_async(steps, n_engines=2, engine=eng, budget=96, cfg=cfg, policy=policy, lengths=[10, 20, 40])
     want = []
@@ -71,8 +72,8 @@ def test_no_trained_token_is_older_than_k(k):
         steps = _batches(seed, 6 + k, groups=2)
         kw = dict(n_engines=1, engine=_engine(num_slots=4), budget=96, lengths=[10, 20, 40])
         base = dict(max_staleness=k, train_s=0.6, warmup_steps=1, window_steps=5)
-        drop = simulate_async(steps, cfg=AsyncConfig(**base, stale="drop"), **kw)
-        keep = simulate_async(steps, cfg=AsyncConfig(**base, stale="keep"), **kw)
+        drop = simulate_async(steps, cfg=SimLoopConfig(**base, stale="drop"), **kw)
+        keep = simulate_async(steps, cfg=SimLoopConfig(**base, stale="keep"), **kw)
         assert all(max(h) <= k for h in drop.staleness) and not any(drop.partial)
         assert not any(keep.dropped)
         assert [p > 0 for p in keep.partial] == [max(h) > k for h in keep.staleness]
@@ -95,7 +96,7 @@ def test_hand_computed_overlap_with_a_drop():
     # more at v1). b1 ends 7.1 (9 at v2): its oldest is v0, 2 behind lv = 2 -> dropped, no update.
     # b3 ends 7.3 -> update 2 7.3..9.3 -> b4 at 9.3 ends 10.4 -> update 3 ..12.4 -> b5 ends 13.5 ->
     # update 4 ..15.5. Steps end at 3.1, 6.2, 9.3, 12.4, 15.5.
-    cfg = AsyncConfig(max_staleness=1, train_s=2.0, warmup_steps=1, window_steps=4)
+    cfg = SimLoopConfig(max_staleness=1, train_s=2.0, warmup_steps=1, window_steps=4)
     r = simulate_async(_hand_steps(), n_engines=1, engine=_engine(), budget=96, cfg=cfg)
     assert r.step_end_s == pytest.approx((3.1, 6.2, 9.3, 12.4, 15.5))
     assert r.dropped == (0, 0, 1, 0, 0) and r.partial == (0,) * 5 and r.trained == (1,) * 5
@@ -111,7 +112,7 @@ def test_hand_computed_overlap_keeping_the_partial():
     # As above to 7.1, where b1 is kept (partial): update 2 on 7.1..9.1 trains its 30 tokens of v0
     # (age 2), 31 of v1 (age 1), 9 of v2 (age 0) -> w = 3, b4 released at 9.1. b3 (v2, ended 7.3):
     # update 3, age 1, 9.1..11.1; b4 (v3, ends 10.2): update 4, age 1, 11.1..13.1.
-    cfg = AsyncConfig(max_staleness=1, train_s=2.0, stale="keep", warmup_steps=1, window_steps=4)
+    cfg = SimLoopConfig(max_staleness=1, train_s=2.0, stale="keep", warmup_steps=1, window_steps=4)
     r = simulate_async(_hand_steps(), n_engines=1, engine=_engine(), budget=96, cfg=cfg)
     assert r.step_end_s == pytest.approx((3.1, 6.2, 9.1, 11.1, 13.1))
     assert r.partial == (0, 0, 1, 0, 0) and r.dropped == (0,) * 5
@@ -123,7 +124,7 @@ def test_idle_adds_up_and_sync_pauses_every_engine():
     # Over the window: busy + paused + starved = engines x wall; each update's push pauses every
     # engine for sync_s; the learner's idle is the wall less its updates and pushes.
     steps = _batches(3, 7, groups=4)
-    cfg = AsyncConfig(max_staleness=1, train_s=0.8, train_s_per_token=0.002, sync_s=0.3, warmup_steps=2,
+    cfg = SimLoopConfig(max_staleness=1, train_s=0.8, train_s_per_token=0.002, sync_s=0.3, warmup_steps=2,
                       window_steps=4)
     r = simulate_async(steps, n_engines=2, engine=_engine(num_slots=3), budget=96, cfg=cfg)
     assert r.engine_busy_s + r.engine_paused_s + r.engine_starved_s == pytest.approx(2 * r.window_s, rel=1e-9)
@@ -134,7 +135,7 @@ def test_idle_adds_up_and_sync_pauses_every_engine():
 
 
 def test_paper_scale_costs_are_the_stated_ones():
-    from rstar2_jax.testing.paper_scale import PaperScale
+    from rstar2_jax.sim.paper_scale import PaperScale
 
     p = PaperScale()
     e = p.engine()

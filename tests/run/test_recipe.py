@@ -9,7 +9,7 @@ import pytest
 
 from rstar2_jax.run.recipe import RecipeConfig, filter_unsolved, next_stage, truncation_settled
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
 
 def test_truncation_settled_needs_a_stable_window_near_target():
@@ -39,7 +39,7 @@ def test_filter_unsolved_keeps_exactly_the_not_always_solved():
 
 def _full_config(tmp_path, **changes) -> Path:
     """The shipped 14B config with its model/data paths pointed at files that exist."""
-    raw = json.loads((Path(__file__).resolve().parents[1] / "experiments/configs/rstar2_14b.json").read_text())
+    raw = json.loads((Path(__file__).resolve().parents[2] / "experiments/configs/rstar2_14b.json").read_text())
     (tmp_path / "model").mkdir(exist_ok=True)
     for name in ("sft.jsonl", "rl.jsonl", "eval.jsonl"):
         (tmp_path / name).write_text("")
@@ -63,7 +63,7 @@ def test_config_file_errors_name_the_field(tmp_path):
     assert full.mesh.shape(64) == (1, 8, 8)
     # the shipped file names paths of the cluster: here they are missing, and the error says which
     with pytest.raises(ValueError, match=r"rstar2_14b.json: RecipeConfig.model_path: directory not found"):
-        RecipeConfig.from_json(Path(__file__).resolve().parents[1] / "experiments/configs/rstar2_14b.json")
+        RecipeConfig.from_json(Path(__file__).resolve().parents[2] / "experiments/configs/rstar2_14b.json")
 
 
 @pytest.mark.parametrize("changes,match", [
@@ -124,7 +124,7 @@ def test_stage3_filter_on_a_scripted_policy():
     from rstar2_jax.rewards import RewardFn
     from rstar2_jax.rollout import TemplateConfig
     from rstar2_jax.sandbox import SandboxLimits, SandboxPool
-    from rstar2_jax.tokenizer import ByteTokenizer
+    from rstar2_jax.text.tokenizer import ByteTokenizer
     from tests.rollout.fakes import ScriptedEngine
 
     tok = ByteTokenizer()
@@ -151,4 +151,4 @@ def test_stage3_filter_on_a_scripted_policy():
 
 
 # The full --dry-run (every stage, in 1 process x 8 devices and in 2 processes x 4) runs in
-# tests/test_recipe_multiprocess.py.
+# tests/run/test_recipe_multiprocess.py.

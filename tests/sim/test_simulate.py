@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from rstar2_jax.admission import AdmissionConfig
-from rstar2_jax.admission.simulate import SimEngine, SimGroup, SimTrajectory, simulate
+from rstar2_jax.sim.simulate import SimEngine, SimGroup, SimTrajectory, simulate
 
 pytestmark = pytest.mark.fast
 
@@ -156,9 +156,9 @@ def test_simulator_and_dispatcher_admit_through_the_same_ledger(usable_pages, mo
     admits everything at once; a tight one (40 pages) admits one group per engine and queues the rest."""
     from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig
     from rstar2_jax.admission.book import AdmissionLedger
-    from rstar2_jax.admission.simulate import Simulator
+    from rstar2_jax.sim.simulate import Simulator
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
-    from rstar2_jax.tokenizer import ByteTokenizer
+    from rstar2_jax.text.tokenizer import ByteTokenizer
     from tests.rollout.fakes import ANSWER, ScriptedEngine, record_ledgers, scripted_problems
 
     tok, tpl, budget = ByteTokenizer(), TemplateConfig.toy(), 96

@@ -1,4 +1,4 @@
-"""The simulator's inputs and outputs (frozen dataclasses; ``admission.simulate`` runs them) and its
+"""The simulator's inputs and outputs (frozen dataclasses; ``sim.simulate`` runs them) and its
 running state: a sequence, a group of them, an engine."""
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ import pytest
 from rstar2_jax.rl.config import AdvantageKind, CorrectionLevel, KLEstimator, LossKind
 from rstar2_jax.run.recipe import RECIPE_SANDBOX, RecipeConfig
 from rstar2_jax.utils.config_io import build, set_dotted, to_plain
-from tests.test_recipe import _full_config
+from tests.run.test_recipe import _full_config
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "experiments"))
 
 
@@ -111,7 +111,7 @@ def test_prompts_longer_than_the_plan_s_maximum_are_refused(tmp_path):
 
     from rstar2_jax.data.datasets import Problem
     from rstar2_jax.rollout.template import TemplateConfig
-    from rstar2_jax.tokenizer import ByteTokenizer
+    from rstar2_jax.text.tokenizer import ByteTokenizer
 
     tok, tpl = ByteTokenizer(), TemplateConfig.toy(report_exec_time=False)
     probs = [Problem(id="a", problem="1 + 1?", answer="2"), Problem(id="b", problem="x" * 400, answer="2")]
@@ -146,7 +146,7 @@ def test_the_learner_engine_split_runs_the_dry_run_on_disjoint_devices(tmp_path,
     import jax
     import rstar2_recipe
 
-    from rstar2_jax.sampling.placement import leaf_devices
+    from rstar2_jax.sampling.layout import leaf_devices
 
     seen: dict = {}
     real_parts, real_engine = rstar2_recipe.Parts, rstar2_recipe.PagedEngine

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rstar2_jax.tokenizer import CHAT_SPECIALS, ByteTokenizer, HFTokenizer, Tokenizer
+from rstar2_jax.text.tokenizer import CHAT_SPECIALS, ByteTokenizer, HFTokenizer, Tokenizer
 
 pytestmark = pytest.mark.fast
 
@@ -44,7 +44,7 @@ def test_hf_tokenizer_from_local_file(tmp_path):
 
 
 def _bpe(texts=None, vocab=320):
-    from rstar2_jax.tokenizer import train_byte_bpe
+    from rstar2_jax.text.tokenizer import train_byte_bpe
     texts = texts or ["<|im_start|>user\nWhat is 4821*7390?<|im_end|>\n<|im_start|>assistant\n<reason>Use python."] * 20
     return train_byte_bpe(texts, vocab)
 
