@@ -187,7 +187,7 @@ def prefix_saving(graphdef, params, cfg: ModelConfig, problems: int = 8, group: 
     cache over the repeated system-prompt tokens ((problems - 1) x its length)."""
     from rstar2_jax.rollout import TemplateConfig, render_prompt
     from rstar2_jax.rollout.template import render_system
-    from rstar2_jax.testing.workload import TOK
+    from rstar2_jax.sim.workload import TOK
 
     tpl = TemplateConfig.release()
     system = len(TOK.encode(render_system(tpl)))

@@ -59,7 +59,7 @@ from rstar2_jax.rollout import TemplateConfig, render_prompt  # noqa: E402
 from rstar2_jax.rollout.dispatcher import Dispatcher, RolloutConfig  # noqa: E402
 from rstar2_jax.deploy.engine_proc import ProcessEngine  # noqa: E402
 from rstar2_jax.testing.engine_host import EngineHost  # noqa: E402
-from rstar2_jax.testing.workload import (PROGRAMS, TOK, Workload, history, make_workload, realized,  # noqa: E402
+from rstar2_jax.sim.workload import (PROGRAMS, TOK, Workload, history, make_workload, realized,  # noqa: E402
                                          sim_groups)
 from rstar2_jax.sampling import EngineConfig  # noqa: E402
 from rstar2_jax.sandbox import CodeRequest, SandboxLimits, SandboxPool  # noqa: E402

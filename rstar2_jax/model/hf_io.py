@@ -426,6 +426,13 @@ def _local_pieces(x: Any) -> list[tuple[tuple, Callable[[], np.ndarray]]]:
     return [((), lambda: np.asarray(x))] if jax.process_index() == 0 else []
 
 
+def _barrier(name: str) -> None:
+    """Every process waits here (``multihost_utils.sync_global_devices``); a no-op for one process."""
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
+
+
 def export_hf(path: str | Path, graphdef: nnx.GraphDef, params: nnx.State, cfg: ModelConfig, *,
               max_shard_bytes: int = 5 * 2**30) -> None:
     """Write ``config.json`` + safetensors (sharded with an index when over ``max_shard_bytes``),
@@ -436,8 +443,6 @@ def export_hf(path: str | Path, graphdef: nnx.GraphDef, params: nnx.State, cfg: 
     then a barrier. Call it in every process of a multi-process run, with ``path`` on a file system
     they all see.
     """
-    from rstar2_jax.distributed import sync
-
     out = Path(path)
     names = _name_map(cfg)
     leaves = {_var_path(_path_key(p)): v for p, v in jax.tree_util.tree_leaves_with_path(params)}
@@ -487,7 +492,7 @@ def export_hf(path: str | Path, graphdef: nnx.GraphDef, params: nnx.State, cfg: 
                                          "weight_map": weight_map}, indent=2))
         elif index.exists():
             index.unlink()  # a stale index would shadow the new single file
-    sync("rstar2_export_hf_files")
+    _barrier("rstar2_export_hf_files")
     for shard in shards:
         for hf_name, var_path, layout, dt in shard:
             pieces = _local_pieces(leaves[var_path])
@@ -499,4 +504,4 @@ def export_hf(path: str | Path, graphdef: nnx.GraphDef, params: nnx.State, cfg: 
                 layout.write(mm, idx, host())
                 mm.flush()  # its dirty pages leave this process's RSS with each shard
             del mm
-    sync("rstar2_export_hf_done")
+    _barrier("rstar2_export_hf_done")

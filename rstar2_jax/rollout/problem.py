@@ -1,7 +1,7 @@
 """What the rollout needs of a problem: the ``Problem`` protocol (no JAX).
 
 Datasets (``data.datasets.Problem``), the toy task (``data.toy.ToyProblem``), the benchmark
-workloads (``testing.workload.Problem``) and test doubles are all structurally this; the
+workloads (``sim.workload.Problem``) and test doubles are all structurally this; the
 dispatcher renders ``problem`` into the prompt, remembers lengths under ``id`` and copies
 ``answer`` onto each trajectory as its gold answer.
 """

@@ -15,7 +15,7 @@ Setting (``PaperScale``; every number is an assumption stated here, none measure
   linearly with the learner's devices (same efficiency on 16 as on 64; memory ignored).
 * Weight push: 3 s per update in both placements (resharding to colocated engines, or a broadcast
   to disjoint ones); the engines pause meanwhile.
-* Workload: ``testing.workload`` (the heavy-tailed multi-turn shape (b) of ``bench_rollout``: turn
+* Workload: ``sim.workload`` (the heavy-tailed multi-turn shape (b) of ``bench_rollout``: turn
   lengths lognormal(log(median_turn d), 1.2), 1 + Poisson(d) tool calls, <= 6 turns) at an 8K
   budget, ``median_turn`` 400 (about 8% of samples truncated, the paper's stage-1 regime of ~10%),
   tool calls 0.5 s, prompts 256 tokens; 128 problems x 32 samples per step.
@@ -39,7 +39,7 @@ import numpy as np
 from rstar2_jax.admission import AdmissionConfig
 from rstar2_jax.sim import SimEngine
 from rstar2_jax.sim.simulate_async import SimLoopConfig, AsyncResult, simulate_async
-from rstar2_jax.testing.workload import Workload, history, sim_groups
+from rstar2_jax.sim.workload import Workload, history, sim_groups
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -1,5 +1,5 @@
 """The host of one rollout-benchmark engine in its own process (``deploy.engine_proc.ProcessEngine``):
-a tiny random policy whose turns follow a ``testing.workload`` script (``ScriptedTurnsEngine``), plus
+a tiny random policy whose turns follow a ``sim.workload`` script (``ScriptedTurnsEngine``), plus
 calibration and throughput probes on its own core."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 
 from rstar2_jax.sampling import EngineConfig, EngineStats, PagedEngine, Request, StopEvent
 from rstar2_jax.testing.scripted import ScriptedPolicy
-from rstar2_jax.testing.workload import TOK, filler
+from rstar2_jax.sim.workload import TOK, filler
 
 class ScriptedTurnsEngine(ScriptedPolicy):
     """A PagedEngine whose turn lengths and recorded tokens follow a script (see module docstring).

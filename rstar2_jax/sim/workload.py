@@ -22,7 +22,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import time
 from typing import Literal
 
 import numpy as np
