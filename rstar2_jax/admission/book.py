@@ -4,9 +4,10 @@ the real ``Dispatcher`` and the discrete-event ``Simulator`` (pure host code, no
 The ledger knows, per engine, the live trajectories it admitted (their private prompt tokens and
 group), the groups' shared full prompt pages, and, through a caller-supplied ``progress(member)``
 (response tokens used so far: exact in the simulator, turn boundary + engine steps since in the
-dispatcher), their forecast pages (``admission.forecast``). Its policy (``cfg.policy``: one of
-``admission.static``, ``.capacity``, ``.dynamic``, behind ``admission.policy.AdmissionPolicy``)
-decides from these where the head group goes (``place``) and whether a member moves
+dispatcher), their forecast pages (``admission.forecast``). Its policy (one of ``admission.static``,
+``.capacity``, ``.dynamic``, behind ``admission.policy.AdmissionPolicy``; injected by whoever
+builds the ledger, ``admission.build.new_ledger`` by ``cfg.policy``; it reads the ledger through
+``admission.policy.LedgerView``) decides from these where the head group goes (``place``) and whether a member moves
 (``migration``); ``admission.policy.admit`` is the loop that asks it.
 
 Events the caller reports, in its own order: ``on_submit`` (a group or part of one went to an
@@ -31,26 +32,10 @@ from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from rstar2_jax.admission.capacity import CapacityPolicy
-from rstar2_jax.admission.config import AdmissionConfig, Policy, Reserve
-from rstar2_jax.admission.dynamic import DynamicPolicy
+from rstar2_jax.admission.config import AdmissionConfig, Reserve
+from rstar2_jax.admission.engines import EngineBook, EngineShape
 from rstar2_jax.admission.forecast import AdaptiveRatio, LengthModel, forecast
-from rstar2_jax.admission.policy import AdmissionPolicy, Placement
-from rstar2_jax.admission.static import StaticPolicy
-
-POLICIES: dict[Policy, Callable[["AdmissionLedger"], AdmissionPolicy]] = {
-    Policy.STATIC: StaticPolicy, Policy.CAPACITY: CapacityPolicy, Policy.DYNAMIC: DynamicPolicy}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class EngineShape:
-    """What the ledger needs of an engine: tokens per page, pages for sequences, decode slots
-    (0: unknown, unlimited) and prefill chunk tokens (0: unknown, one step per prefill)."""
-
-    page_size: int
-    usable_pages: int
-    num_slots: int = 0
-    prefill_chunk: int = 0
+from rstar2_jax.admission.policy import AdmissionPolicy, LedgerView, Placement
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -60,22 +45,6 @@ class Admission:
     engine: int
     prompt_len: int
     n: int
-
-
-@dataclasses.dataclass(eq=False, slots=True)
-class EngineBook:
-    """Per engine: forecast pages of its live members (f64[B // Z + 1]) and their variance, shared
-    prompt pages of its live groups, live member count, live members -> (private prompt tokens,
-    group index, progress already in the prompt: a migrated member's), live members per group,
-    members waiting for a tool."""
-
-    curve: np.ndarray
-    var: np.ndarray
-    shared: int = 0
-    live_n: int = 0
-    live: dict = dataclasses.field(default_factory=dict)
-    group_live: dict = dataclasses.field(default_factory=dict)
-    waiting: set = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass(slots=True)
@@ -92,11 +61,14 @@ class AdmissionLedger:
     """Live members, forecasts and the policy over ``shapes`` engines (see the module docstring)."""
 
     def __init__(self, cfg: AdmissionConfig, budget: int, shapes: Sequence[EngineShape],
-                 lengths: Sequence[int] = (), history: Mapping[Hashable, Sequence[int]] | None = None):
+                 lengths: Sequence[int] = (), history: Mapping[Hashable, Sequence[int]] | None = None, *,
+                 policy: Callable[[LedgerView], AdmissionPolicy]):
+        """``policy``: builds the policy over this ledger (``admission.build.POLICIES[cfg.policy]``;
+        ``admission.build.new_ledger`` passes it)."""
         if not shapes:
             raise ValueError("AdmissionLedger needs at least one engine")
         self.cfg, self.shapes = cfg, list(shapes)
-        self.policy: AdmissionPolicy = POLICIES[cfg.policy](self)
+        self.policy: AdmissionPolicy = policy(self)
         # final lengths per problem key (across batches, the last ``history_per_key``): long-first order
         self.by_key: dict[Hashable, list[int]] = {k: list(v)[-cfg.history_per_key:] for k, v in (history or {}).items()}
         self.step_s = [1.0] * len(self.shapes)  # per engine: seconds per step (relative until measured)

@@ -9,18 +9,15 @@ that fits (at least one sample). ``ratio`` rises per preemption and decays per a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Hashable
+from typing import Hashable
 
 import numpy as np
 
 from rstar2_jax.admission.forecast import fits, forecast
-from rstar2_jax.admission.policy import LedgerPolicy, Placement
-
-if TYPE_CHECKING:
-    from rstar2_jax.admission.book import AdmissionLedger
+from rstar2_jax.admission.policy import LedgerPolicy, LedgerView, Placement
 
 
-def capacity(ledger: "AdmissionLedger", e: int) -> float:
+def capacity(ledger: LedgerView, e: int) -> float:
     """Pages left on ``e`` after the scaled forecast peak (its forecast as of its last event)."""
     b = ledger.books[e]
     sd = ledger.cfg.reserve_sigma * np.sqrt(b.var)

@@ -29,24 +29,21 @@ pages. The caller then reports ``AdmissionLedger.on_move``.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
 from rstar2_jax.admission.forecast import forecast
-from rstar2_jax.admission.policy import LedgerPolicy, Placement
-
-if TYPE_CHECKING:
-    from rstar2_jax.admission.book import AdmissionLedger
+from rstar2_jax.admission.policy import LedgerPolicy, LedgerView, Placement
 
 
-def long_first(ledger: "AdmissionLedger", keys: Sequence[Hashable]) -> list[int]:
+def long_first(ledger: LedgerView, keys: Sequence[Hashable]) -> list[int]:
     """Indices of ``keys`` (problems), longest predicted first (ties: the given order)."""
     pred = [ledger.predicted_total(k) for k in keys]
     return sorted(range(len(keys)), key=lambda i: (-pred[i], i))
 
 
-def survival_of(ledger: "AdmissionLedger", key: Hashable) -> np.ndarray | None:
+def survival_of(ledger: LedgerView, key: Hashable) -> np.ndarray | None:
     """``f64[B + 1]``: ``P(L > x)`` for a sample of problem ``key`` (None without a model): its
     remembered final lengths (empirical) mixed with ``history_weight`` pseudo-samples of the length
     model stretched by the problem's predicted length over the model's mean (``S(x / c)``, ``c`` in
@@ -65,7 +62,7 @@ def survival_of(ledger: "AdmissionLedger", key: Hashable) -> np.ndarray | None:
     return (w * prior + (seen[:, None] > x).sum(0)) / (w + len(seen))
 
 
-def predicted_remaining(ledger: "AdmissionLedger", e: int, member: Hashable) -> float:
+def predicted_remaining(ledger: LedgerView, e: int, member: Hashable) -> float:
     """Expected remaining tokens of live ``member`` on ``e``: the length model as a scale family,
     the scale its problem's predicted length over the model's mean (``LengthModel.residual``)."""
     if ledger.model is None:
@@ -74,13 +71,13 @@ def predicted_remaining(ledger: "AdmissionLedger", e: int, member: Hashable) -> 
     return ledger.model.residual(ledger.progress(member), scale)
 
 
-def finish_estimate(ledger: "AdmissionLedger", e: int, step_s: float) -> float:
+def finish_estimate(ledger: LedgerView, e: int, step_s: float) -> float:
     """Seconds until ``e``'s longest live member ends (predicted; 0 if none): ``step_s`` x the
     largest predicted remaining tokens."""
     return step_s * max((predicted_remaining(ledger, e, m) for m in ledger.books[e].live), default=0.0)
 
 
-def rows(ledger: "AdmissionLedger", e: int, prompt_len: int) -> float:
+def rows(ledger: LedgerView, e: int, prompt_len: int) -> float:
     """Sequences ``e`` runs at once: its slots, or fewer if its pool holds fewer sequences of a
     ``prompt_len``-token prompt plus the length model's mean."""
     mean = ledger.model.mean() if ledger.model is not None else float(ledger.budget)
@@ -89,7 +86,7 @@ def rows(ledger: "AdmissionLedger", e: int, prompt_len: int) -> float:
     return max(1.0, min(shape.num_slots or math.inf, fit))
 
 
-def predicted_finish(ledger: "AdmissionLedger", e: int, prompt_len: int, n: int, pred: float) -> float:
+def predicted_finish(ledger: LedgerView, e: int, prompt_len: int, n: int, pred: float) -> float:
     """Seconds until ``e`` would end its live members plus ``n`` new samples of ``pred`` tokens
     each: ``step_s`` x steps, the steps the longest member's remaining tokens or all remaining
     tokens over the rows it runs at once (``rows``), whichever is more (a step advances every
@@ -100,7 +97,7 @@ def predicted_finish(ledger: "AdmissionLedger", e: int, prompt_len: int, n: int,
     return ledger.step_s[e] * max(longest, pred if n else 0.0, total / rows(ledger, e, prompt_len))
 
 
-def room(ledger: "AdmissionLedger", e: int, tokens: int, n: int, surv: np.ndarray | None = None) -> bool:
+def room(ledger: LedgerView, e: int, tokens: int, n: int, surv: np.ndarray | None = None) -> bool:
     """Pages for ``n`` samples of a ``tokens``-token prompt on ``e`` (an empty engine: always):
     held now (the new samples' prompt included) plus ``running_reserve`` of the expected growth
     of the members already live (what they will need anyway) fit the pool, and held now plus

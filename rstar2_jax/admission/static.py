@@ -3,12 +3,9 @@ once; no forecast is read, KV overflow is the engines' (they preempt and recompu
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Hashable, Sequence
+from typing import Hashable, Sequence
 
-from rstar2_jax.admission.policy import LedgerPolicy, Placement
-
-if TYPE_CHECKING:
-    from rstar2_jax.admission.book import AdmissionLedger
+from rstar2_jax.admission.policy import LedgerPolicy, LedgerView, Placement
 
 
 def static_split(n_engines: int, n_groups: int) -> list[int]:
@@ -19,7 +16,7 @@ def static_split(n_engines: int, n_groups: int) -> list[int]:
 class StaticPolicy(LedgerPolicy):
     forecasts = False  # never reads a forecast: the ledger need not keep them
 
-    def __init__(self, ledger: "AdmissionLedger"):
+    def __init__(self, ledger: LedgerView):
         super().__init__(ledger)
         self._engines: list[int] = []  # this batch's split, in submission order
         self._next = 0

@@ -46,7 +46,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from rstar2_jax.admission import AdmissionLedger, EngineShape, admit
+from rstar2_jax.admission import EngineShape, admit, new_ledger
 from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, ImportSeq, MoveOut, PushWeights, Refused,
                                          Release, Resume, Stepped, StopWorker, SubmitGroup, SwapParams, Swapped,
                                          ToolDone)
@@ -116,7 +116,7 @@ class Dispatcher:
         self.policy_version = 0
         self._push_lock = threading.Lock()  # in-flight updates (``push``): whether a batch runs, what waits
         self._running, self._pending_push = False, None
-        self.ledger = AdmissionLedger(cfg.admission, cfg.budget, [_shape(e) for e in engines], lengths, history)
+        self.ledger = new_ledger(cfg.admission, cfg.budget, [_shape(e) for e in engines], lengths, history)
         for e, x in enumerate(step_s or ()):
             self.ledger.set_step_s(e, x)  # then a moving average of the measured steps
         markers = (tokenizer.eos_id, *cfg.template.stop_markers)

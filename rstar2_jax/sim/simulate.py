@@ -49,7 +49,8 @@ import math
 from collections import deque
 from typing import Hashable, Mapping, Sequence
 
-from rstar2_jax.admission.book import AdmissionLedger, EngineShape
+from rstar2_jax.admission.build import new_ledger
+from rstar2_jax.admission.engines import EngineShape
 from rstar2_jax.admission.config import AdmissionConfig
 from rstar2_jax.admission.policy import admit
 from rstar2_jax.sim.records import (SimEngine, SimEngineState, SimGroup, SimLiveGroup, SimResult, SimSeq,
@@ -83,7 +84,7 @@ class Simulator:
         self.counter = 0
         self.n_left = sum(len(g.seqs) for g in self.gs)
         shapes = [EngineShape(self.z, sp.usable_pages, sp.num_slots, sp.prefill_chunk) for sp in specs]
-        self.ledger = AdmissionLedger(policy, budget, shapes, lengths, history)
+        self.ledger = new_ledger(policy, budget, shapes, lengths, history)
         for i, sp in enumerate(specs):  # the speeds a long-lived dispatcher has measured: one-row steps
             self.ledger.set_step_s(i, sp.step_s(1))
         self.ledger.new_batch(budget, progress=self.progress)

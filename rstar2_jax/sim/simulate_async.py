@@ -51,7 +51,8 @@ import heapq
 from collections import deque
 from typing import Hashable, Literal, Mapping, Sequence
 
-from rstar2_jax.admission.book import AdmissionLedger, EngineShape
+from rstar2_jax.admission.build import new_ledger
+from rstar2_jax.admission.engines import EngineShape
 from rstar2_jax.admission.config import AdmissionConfig
 from rstar2_jax.sim.records import SimEngine, SimEngineState, SimGroup, SimLiveGroup, SimSeq
 from rstar2_jax.sim.simulate import Simulator
@@ -202,7 +203,7 @@ class AsyncSimulator(Simulator):
         while self.released < len(self.batches) and self.released <= self.w + self.cfg.max_staleness:
             gs = [self.gs[i] for i in self.batches[self.released]]
             if self.cfg.max_staleness == 0 and self.released:  # a fresh ledger per batch, as simulate()
-                self.ledger = AdmissionLedger(self.policy, self.budget, [EngineShape(
+                self.ledger = new_ledger(self.policy, self.budget, [EngineShape(
                     self.z, e.spec.usable_pages, e.spec.num_slots, e.spec.prefill_chunk) for e in self.engs],
                     *self.init)
                 for i, e in enumerate(self.engs):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
+from rstar2_jax.admission import Admission, EngineShape, new_ledger
 from rstar2_jax.admission.config import AdmissionConfig
 
 pytestmark = pytest.mark.fast
@@ -23,7 +23,7 @@ def _batch(ledger, lengths, budget=64):
 
 
 def test_length_model_restarts_from_the_last_batch_only():
-    ledger = AdmissionLedger(AdmissionConfig(), 64, SHAPES, lengths=[5, 6, 7])
+    ledger = new_ledger(AdmissionConfig(), 64, SHAPES, lengths=[5, 6, 7])
     ledger.new_batch(64, progress=lambda m: 0)
     assert ledger.model.n == 3  # seeded
     _batch(ledger, [10, 20])
@@ -32,7 +32,7 @@ def test_length_model_restarts_from_the_last_batch_only():
     assert sorted(ledger.model.lengths()) == [10, 10, 20, 20, 30, 30]  # last batch (4) + this one (2)
     ledger.new_batch(64, progress=lambda m: 0)
     assert sorted(ledger.model.lengths()) == [30, 30]
-    two = AdmissionLedger(AdmissionConfig(length_memory=2), 64, SHAPES)
+    two = new_ledger(AdmissionConfig(length_memory=2), 64, SHAPES)
     _batch(two, [10])
     _batch(two, [20])
     two.new_batch(64, progress=lambda m: 0)
@@ -42,14 +42,14 @@ def test_length_model_restarts_from_the_last_batch_only():
 
 
 def test_a_new_budget_clips_the_history():
-    ledger = AdmissionLedger(AdmissionConfig(), 64, SHAPES)
+    ledger = new_ledger(AdmissionConfig(), 64, SHAPES)
     _batch(ledger, [60])
     ledger.new_batch(32, progress=lambda m: 0)
     assert ledger.model.budget == 32 and ledger.model.lengths() == [32, 32]
 
 
 def test_place_prefers_the_emptier_engine_and_waits_when_full():
-    ledger = AdmissionLedger(AdmissionConfig(), 64, SHAPES)
+    ledger = new_ledger(AdmissionConfig(), 64, SHAPES)
     ledger.new_batch(64, progress=lambda m: 0)
     first = ledger.place(20, 2)
     assert first.engine == 0 and first.take == 2
@@ -63,11 +63,11 @@ def test_place_prefers_the_emptier_engine_and_waits_when_full():
 
 
 def test_state_round_trip_is_json_and_exact():
-    ledger = AdmissionLedger(AdmissionConfig(), 64, SHAPES)
+    ledger = new_ledger(AdmissionConfig(), 64, SHAPES)
     _batch(ledger, [10, 20])
     ledger.on_preemptions(2)
     saved = json.loads(json.dumps(ledger.state()))
-    other = AdmissionLedger(AdmissionConfig(), 64, SHAPES)
+    other = new_ledger(AdmissionConfig(), 64, SHAPES)
     other.load_state(saved)
     for x in (ledger, other):
         x.new_batch(64, progress=lambda m: 0)

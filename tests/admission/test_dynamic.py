@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from rstar2_jax.admission import dynamic
-from rstar2_jax.admission.book import Admission, AdmissionLedger, EngineShape
+from rstar2_jax.admission import Admission, AdmissionLedger, EngineShape, new_ledger
 from rstar2_jax.admission.config import AdmissionConfig, Policy
 from rstar2_jax.sim.simulate import SimEngine, SimGroup, SimTrajectory, simulate
 from tests.rollout.fakes import InstantPool
@@ -19,7 +19,7 @@ DYNAMIC = AdmissionConfig(policy="dynamic")
 
 
 def _ledger(cfg=DYNAMIC, slots=4, pages=63, n=2, history=None, lengths=()):
-    ledger = AdmissionLedger(cfg, 64, [EngineShape(16, pages, slots, 8)] * n, lengths, history)
+    ledger = new_ledger(cfg, 64, [EngineShape(16, pages, slots, 8)] * n, lengths, history)
     progress: dict = {}
     ledger.new_batch(64, progress=lambda m: progress.get(m, 0))
     return ledger, progress
@@ -69,7 +69,7 @@ def test_forecast_follows_each_problems_own_lengths():
         ledger.on_submit(e, g, 20, [f"{g}{i}" for i in range(4)], key)
     grow = [ledger.books[e].curve.max() - ledger.books[e].curve[0] for e in (0, 1)]
     assert grow[0] > 3 * grow[1]
-    assert AdmissionLedger(AdmissionConfig(), 64, [EngineShape(16, 63, 4, 8)]).policy.survival("long") is None
+    assert new_ledger(AdmissionConfig(), 64, [EngineShape(16, 63, 4, 8)]).policy.survival("long") is None
 
 
 def test_dynamic_places_on_the_engine_that_frees_a_slot_first():
@@ -334,8 +334,8 @@ def test_worker_reports_model_steps_and_waiting_groups_are_not_retried_every_ste
     # only after a message that made one due, and a quiet step (no stop, no preemption, no ADMIT_EVERY
     # boundary) never does.
     places, admits, handled = [], [], []
-    real_place, real_admit, real_handle = disp.AdmissionLedger.place, Dispatcher._admit, Dispatcher._handle
-    monkeypatch.setattr(disp.AdmissionLedger, "place",
+    real_place, real_admit, real_handle = AdmissionLedger.place, Dispatcher._admit, Dispatcher._handle
+    monkeypatch.setattr(AdmissionLedger, "place",
                         lambda self, *a, **k: places.append(len(admits)) or real_place(self, *a, **k))
     monkeypatch.setattr(Dispatcher, "_admit", lambda self: admits.append(len(handled)) or real_admit(self))
 

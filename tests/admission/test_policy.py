@@ -4,7 +4,7 @@ from collections import deque
 
 import pytest
 
-from rstar2_jax.admission import AdmissionConfig, AdmissionLedger, EngineShape, Placement, admit
+from rstar2_jax.admission import AdmissionConfig, EngineShape, Placement, admit, new_ledger
 from rstar2_jax.admission.capacity import CapacityPolicy
 from rstar2_jax.admission.dynamic import DynamicPolicy
 from rstar2_jax.admission.static import StaticPolicy, static_split
@@ -45,17 +45,17 @@ def test_admit_splits_the_head_when_only_part_fits_and_stops_at_the_first_wait()
 def test_each_policy_is_a_unit_chosen_by_the_config():
     shapes = [EngineShape(16, 63, 4, 8)] * 3
     for name, cls in (("static", StaticPolicy), ("capacity", CapacityPolicy), ("dynamic", DynamicPolicy)):
-        ledger = AdmissionLedger(AdmissionConfig(policy=name), 64, shapes)
+        ledger = new_ledger(AdmissionConfig(policy=name), 64, shapes)
         assert type(ledger.policy) is cls
     # static: the i-th placement of a batch is group i of an even contiguous split, whole, never waiting
-    ledger = AdmissionLedger(AdmissionConfig(policy="static"), 64, shapes)
+    ledger = new_ledger(AdmissionConfig(policy="static"), 64, shapes)
     assert ledger.order(["a", "b", "c", "d", "e"]) == [0, 1, 2, 3, 4]
     assert [ledger.place(20, 4, k).engine for k in "abcde"] == static_split(3, 5) == [0, 0, 1, 1, 2]
     assert not ledger.policy.forecasts and ledger.migration(0, "m", 10, [1.0] * 3) is None
 
 
 def test_ledger_keeps_the_one_record_of_engine_speeds():
-    ledger = AdmissionLedger(AdmissionConfig(), 64, [EngineShape(16, 63)] * 2)
+    ledger = new_ledger(AdmissionConfig(), 64, [EngineShape(16, 63)] * 2)
     assert not ledger.speeds_known and ledger.measured_step_s() == [0.0, 0.0]
     ledger.observe_step_s(0, 0.2)  # first measurement: taken as is
     ledger.observe_step_s(0, 0.4)  # then a moving average: 0.9 * 0.2 + 0.1 * 0.4 = 0.22
