@@ -9,7 +9,7 @@
    and with bf16 engines (weights and K/V pages in bfloat16; ``--engine-dtype``), seed 0.
 3. **The simulator checked against the demo** (``sim.simulate_async.predict_step_s``): per seed,
    after the k = 1 run, a separate synchronous run with the k = 1 run's learner settings (its
-   ``args.json``: ``--old-logp``/``--correction``, as "auto" resolved them: the async run recomputes
+   ``run_spec.json``: ``rl.old_logp_source``/``rl.correction``, as resolve derived them: the async run recomputes
    pi_old, the bench's k = 0 run does not) gives each step's stage seconds (``time_rollout_s``,
    ``time_reward_s``, ``time_train_s``, ``time_sync_s``, the rest of ``step_s``); the model of the two
    threads predicts the k = 1 run's seconds per step (the same mean of steps 2..N) at contention c
@@ -48,8 +48,10 @@ import threading
 import time
 from pathlib import Path
 
+from rstar2_jax.run.demo_cli import CORRECTIONS
 from rstar2_jax.sim.simulate_async import StageTimes, predict_step_s
 from rstar2_jax.utils.bench import Metric, report, summary_lines
+from rstar2_jax.utils.config_io import to_plain
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "experiments" / "toy_tool_math.py"
@@ -237,9 +239,12 @@ def demo(out: Path, seed: int, k: int, args: argparse.Namespace, extra: tuple[st
 def sim_check(args: argparse.Namespace, seed: int, runs: list[dict]) -> dict:
     """Predict ``seed``'s k = 1 seconds per step from a separate synchronous run's stage times."""
     k1 = next(r for r in runs if r["k"] == 1)
-    a = json.loads((args.out / f"seed{seed}_k1" / "args.json").read_text())
+    rl = json.loads((args.out / f"seed{seed}_k1" / "run_spec.json").read_text())["rl"]
+    a = {"old_logp": rl["old_logp_source"], "correction": next(  # the correction's --correction name
+        (k for k, v in CORRECTIONS.items() if to_plain(v) == rl["correction"]), json.dumps(rl["correction"]))}
     sync = demo(args.out / f"seed{seed}_k0_simref", seed, 0, args,
-                ("--old-logp", a["old_logp"], "--correction", a["correction"]), trace=True)
+                ("--old-logp", rl["old_logp_source"], "--set", f"rl.correction={json.dumps(rl['correction'])}"),
+                trace=True)
     steps = [StageTimes.from_row(r) for r in sync["stages"]]
     cores = sync["cores"] or {}
     c = args.sim_contention if args.sim_contention is not None else cores.get("contention", float("nan"))

@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="a dataset of any name (repeatable)")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf", metavar="DIR", help="HF safetensors directory (config.json, tokenizer.json)")
-    src.add_argument("--checkpoint", metavar="DIR", help="orbax checkpoint dir, or a toy run dir with args.json")
+    src.add_argument("--checkpoint", metavar="DIR", help="orbax checkpoint dir, or a toy run dir with run_spec.json")
     src.add_argument("--random-tiny", action="store_true", help="tiny random byte-level policy (smoke tests)")
     ap.add_argument("--config", help="HF config.json (file or dir) giving the model shape of --checkpoint")
     ap.add_argument("--tokenizer", help="tokenizer.json (file or dir) for --checkpoint")

@@ -69,12 +69,14 @@ import numpy as np
 from tqdm import tqdm
 
 ROOT = Path.cwd().resolve().parent if Path.cwd().name == "notebooks" else Path.cwd().resolve()
-sys.path.insert(0, str(ROOT / "experiments" if EXPERIMENTS is None else Path(EXPERIMENTS)))
-import toy_tool_math  # noqa: E402
+from rstar2_jax.run import demo_cli  # noqa: E402
+from rstar2_jax.utils.config_io import to_plain  # noqa: E402
+
+DEMO = (ROOT / "experiments" if EXPERIMENTS is None else Path(EXPERIMENTS)) / "toy_tool_math.py"
 
 for name, flags in OBJECTIVES.items():  # fail here, with the reason, if the demo lacks an objective's flags
     try:
-        toy_tool_math.parse_args(flags)
+        demo_cli.parse_args(flags)
     except SystemExit:
         raise RuntimeError(f"experiments/toy_tool_math.py does not accept {flags} (objective {name!r})") from None
 
@@ -92,8 +94,8 @@ def run_argv(obj: str, mode: str, seed: int) -> list[str]:
 def finished(argv: list[str]) -> bool:
     """A run directory holding a summary of exactly these settings."""
     d = Path(argv[argv.index("--out") + 1])
-    return (d / "summary.json").exists() and (d / "args.json").exists() and json.loads(
-        (d / "args.json").read_text()) == {**vars(toy_tool_math.parse_args(argv)), "resume": False}
+    return (d / "summary.json").exists() and (d / "run_spec.json").exists() and json.loads(
+        (d / "run_spec.json").read_text()) == to_plain(demo_cli.parse_args(argv).spec)
 
 
 def train(argv: list[str], first_of_seed: threading.Event | None) -> None:
@@ -103,7 +105,7 @@ def train(argv: list[str], first_of_seed: threading.Event | None) -> None:
     d = Path(argv[argv.index("--out") + 1])
     d.mkdir(parents=True, exist_ok=True)
     with open(d / "stdout.log", "w") as log:
-        proc = subprocess.run([sys.executable, toy_tool_math.__file__, *argv], stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.run([sys.executable, str(DEMO), *argv], stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise RuntimeError(f"run {d} failed (exit {proc.returncode}); its log: {d / 'stdout.log'}")
 

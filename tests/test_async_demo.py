@@ -3,16 +3,12 @@ staleness bound and the schedule's versions, and a resume equal to the uninterru
 is a drain point: no batch is in flight)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import toy_tool_math  # noqa: E402
-from rstar2_jax.run import driver  # noqa: E402
-from tests.test_demo import TINY  # noqa: E402
+from rstar2_jax.run import demo, driver
+from tests.test_demo import TINY
 
 VOLATILE = ("time_", "step_s", "tokens_per_s", "compiles", "async/trainer_idle_s", "async/engine_idle_s")
 
@@ -31,7 +27,7 @@ def _rl(rows):
 @pytest.mark.parametrize("k", [1, 2])
 def test_async_demo_keeps_the_staleness_bound(tmp_path, k):
     # 6 steps, evaluation and checkpoint after step 3 and 6: drain points there
-    toy_tool_math.main(TINY + ["--rl-steps", "6", "--eval-every", "3", "--ckpt-every", "3", "--exec-time", "0",
+    demo.main(TINY + ["--rl-steps", "6", "--eval-every", "3", "--ckpt-every", "3", "--exec-time", "0",
                                "--max-staleness", str(k), "--out", str(tmp_path)])
     rl = _rl(_rows(tmp_path))
     assert [r["step"] for r in rl] == [1, 2, 3, 4, 5, 6]
@@ -52,7 +48,7 @@ def test_async_demo_keeps_the_staleness_bound(tmp_path, k):
 def test_async_resume_equals_uninterrupted(tmp_path, monkeypatch):
     argv = TINY + ["--rl-steps", "4", "--eval-every", "4", "--ckpt-every", "2", "--exec-time", "0",
                    "--max-staleness", "2"]
-    toy_tool_math.main(argv + ["--out", str(tmp_path / "straight")])
+    demo.main(argv + ["--out", str(tmp_path / "straight")])
 
     class Stop(Exception):
         pass
@@ -66,9 +62,9 @@ def test_async_resume_equals_uninterrupted(tmp_path, monkeypatch):
 
     monkeypatch.setattr(driver._Run, "save", save_then_die)
     with pytest.raises(Stop):
-        toy_tool_math.main(argv + ["--out", str(tmp_path / "killed")])
+        demo.main(argv + ["--out", str(tmp_path / "killed")])
     monkeypatch.setattr(driver._Run, "save", save)
-    toy_tool_math.main(argv + ["--out", str(tmp_path / "killed"), "--resume"])
+    demo.main(argv + ["--out", str(tmp_path / "killed"), "--resume"])
     got, want = _rows(tmp_path / "killed"), _rows(tmp_path / "straight")
     assert got == want
     assert [r["train/version_min"] for r in _rl(want)] == [0, 0, 2, 2]
@@ -93,11 +89,11 @@ def test_async_disjoint_placement_equals_shared(tmp_path, monkeypatch):
 
     argv = TINY + ["--rl-steps", "3", "--eval-every", "3", "--ckpt-every", "3", "--exec-time", "0",
                    "--max-staleness", "1"]
-    toy_tool_math.main(argv + ["--out", str(tmp_path / "shared")])
+    demo.main(argv + ["--out", str(tmp_path / "shared")])
     if len(jax.devices()) < 4:
         pytest.skip("needs 4 fake devices (run alone: the demo sets XLA_FLAGS before JAX starts)")
     monkeypatch.setattr(driver._Run, "start_rl", spy)
-    toy_tool_math.main(argv + ["--learner-devices", "2", "--out", str(tmp_path / "disjoint")])
+    demo.main(argv + ["--learner-devices", "2", "--out", str(tmp_path / "disjoint")])
     assert seen == {"learner": {0, 1}, "engines": {2, 3}}
     got, want = _rl(_rows(tmp_path / "disjoint")), _rl(_rows(tmp_path / "shared"))
     assert len(got) == len(want) == 3

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from rstar2_jax.run import demo, demo_cli
+from rstar2_jax.run.spec import SPEC_FILE
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "experiments"))
-import toy_tool_math  # noqa: E402
 
 # 2 SFT epochs (6 steps): the RL rollouts are scripted, so the SFT policy's quality does not matter to
 # the RL rows; a run's time is mostly JAX start-up and compilation, not steps
@@ -32,18 +33,33 @@ STEP_KEYS = ("reward", "tool_calls_per_traj", "tool_calls_executed", "response_l
 NONDETERMINISTIC = ("time_", "step_s", "tokens_per_s")
 
 
-@pytest.mark.parametrize("argv,match", [
-    (["--rl-steps", "-1"], "--rl-steps must be >= 0"),
-    (["--roc-mode", "best"], "--roc-mode must be one of"),
-    (["--group", "0"], "--group must be >= 1"),
-    (["--sft-lr", "0"], "--sft-lr must be > 0"),
-    (["--correction", "tis", "--old-logp", "sampler"], "--correction tis needs --old-logp recompute"),
-    (["--correction", "geo-mask", "--scripted-policy"], "--correction geo-mask needs sampler log-probs"),
+@pytest.mark.parametrize("argv,match", [  # an alias's error names the spec field it sets
+    (["--rl-steps", "-1"], "schedule: ScheduleSpec.rl_steps must be an int >= 0, got -1"),
+    (["--roc-mode", "best"], "rl.roc.mode must be one of"),
+    (["--group", "0"], "rl.roc: keep_per_group (G) must be >= 1"),
+    (["--sft-lr", "0"], "sft.optim: lr must be > 0"),
+    (["--correction", "tis", "--old-logp", "sampler"], "rl: correction needs old_logp_source='recompute'"),
+    (["--correction", "geo-mask", "--scripted-policy"], "rl.correction needs sampler log-probs"),
+    (["--correction", "best"], "--correction must be one of"),
+    (["--set", "rl.loss.kindd=gspo"], "rl.loss.kindd: unknown field"),
+    (["--set", "rl.temperature=0.5", "--set", "rollout.temperature=0.7"], "rl.temperature (0.5) and "
+                                                                          "rollout.temperature (0.7) must agree"),
 ])
 def test_bad_command_line_values_are_clear_errors(argv, match, capsys):
     with pytest.raises(SystemExit):
-        toy_tool_math.parse_args(argv)
+        demo_cli.parse_args(argv)
     assert match in capsys.readouterr().err
+
+
+def test_flags_are_aliases_of_spec_fields(tmp_path):
+    (tmp_path / "empty.yaml").write_text("{}\n")
+    assert demo_cli.parse_args([]).spec == demo_cli.parse_args(["--config", str(tmp_path / "empty.yaml")]).spec
+    a = demo_cli.parse_args(["--budget", "96", "--loss-kind", "gspo", "--engine-dtype", "bfloat16", "--seed", "3",
+                             "--set", "engine.page_size=32", "--allow-changed", "ckpt_every,eval.every"])
+    assert (a.spec.rollout.budget, a.spec.eval.budget, a.spec.rl.loss.kind, a.spec.seed) == (96, 96, "gspo", 3)
+    assert a.spec.engine_config(256).page_size == 32 and a.spec.engine_config(256).kv_dtype == "bfloat16"
+    assert a.spec.placement.weight_dtype == "bfloat16" and a.allow_changed == ("checkpoint.every", "eval.every")
+    assert demo_cli.parse_args(["--budget", "96", "--set", "rollout.budget=64"]).spec.rollout.budget == 64  # --set wins
 
 
 @pytest.mark.parametrize("argv,correction,old_logp", [
@@ -55,15 +71,15 @@ def test_bad_command_line_values_are_clear_errors(argv, match, capsys):
     (["--correction", "token-mask"], "token-mask", "recompute"),
 ])
 def test_correction_default_follows_staleness(argv, correction, old_logp):
-    args = toy_tool_math.parse_args(argv)
-    assert (args.correction, args.old_logp) == (correction, old_logp)
-    assert toy_tool_math.CORRECTIONS[correction].enabled == (correction != "none")
+    spec = demo_cli.parse_args(argv).spec
+    assert (spec.rl.correction, spec.rl.old_logp_source) == (demo_cli.CORRECTIONS[correction], old_logp)
+    assert demo_cli.CORRECTIONS[correction].enabled == (correction != "none")
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_short_demo_writes_every_metric_and_matches_the_golden(tmp_path):
-    summary = toy_tool_math.main(TINY + ["--rl-steps", "3", "--exec-time", "0", "--out", str(tmp_path)])
+    summary = demo.main(TINY + ["--rl-steps", "3", "--exec-time", "0", "--out", str(tmp_path)])
     all_rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     sft = [r for r in all_rows if r.get("stage") == "sft"]
     rows = [r for r in all_rows if r.get("stage") != "sft"]
@@ -77,7 +93,7 @@ def test_short_demo_writes_every_metric_and_matches_the_golden(tmp_path):
     assert sum(r["tool_calls_executed"] for r in rows[1:]) > 0  # real tool calls ran in the sandbox
     # one learner and one rollout service for the run: nothing compiles from the third RL step on
     assert rows[3]["compiles"] == 0, [r.get("compiles") for r in rows]
-    for name in ("metrics.png", "summary.json", "eval_sft.jsonl", "config.json", "args.json"):
+    for name in ("metrics.png", "summary.json", "eval_sft.jsonl", "config.json", SPEC_FILE):
         assert (tmp_path / name).exists(), name
     assert (tmp_path / "checkpoint").exists()
     assert math.isfinite(summary["delta_acc"])
@@ -109,10 +125,11 @@ class AlternatingReward:
 def test_demo_default_records_the_mismatch(tmp_path, monkeypatch):
     # the default configuration (π_old from the sampler, synchronous, fp32 engines, no scripted policy): the
     # mismatch comes from the update's own forward, on every updating step, with the recompute path's names
-    monkeypatch.setattr(toy_tool_math, "RewardFn", AlternatingReward)
-    toy_tool_math.main([a for a in TINY if a != "--scripted-policy"] + ["--eval-every", "2", "--out", str(tmp_path)])
-    args = json.loads((tmp_path / "args.json").read_text())
-    assert (args["old_logp"], args["correction"], args["scripted_policy"]) == ("sampler", "none", False)
+    monkeypatch.setattr(demo, "RewardFn", AlternatingReward)
+    demo.main([a for a in TINY if a != "--scripted-policy"] + ["--eval-every", "2", "--out", str(tmp_path)])
+    spec = json.loads((tmp_path / SPEC_FILE).read_text())  # the run's whole spec, resolved
+    assert (spec["rl"]["old_logp_source"], spec["rl"]["correction"]["is_level"], spec["rollout"]["scripted_policy"]) \
+        == ("sampler", "none", False)
     rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     rl = [r for r in rows if r.get("stage") == "rl" and "reward" in r]
     assert [r["step"] for r in rl] == [1, 2] and all(r["n_kept"] > 0 for r in rl), [r.get("n_kept") for r in rl]

@@ -49,7 +49,8 @@ def test_roc_ablation_notebook_runs(tmp_path, monkeypatch):
     # the three modes trained from one cached SFT policy per seed
     assert len(list((tmp_path / "runs" / "sft_cache").iterdir())) == len(TINY["SEEDS"])
     for seed in TINY["SEEDS"]:  # the noisy-tools regime was the one used
-        assert json.loads((tmp_path / "runs" / f"paper_seed{seed}" / "args.json").read_text())["regime"] == "noisy-tools"
+        spec = json.loads((tmp_path / "runs" / f"paper_seed{seed}" / "run_spec.json").read_text())
+        assert spec["data"]["regime"] == "noisy-tools"
     check_demo_default_records(tmp_path / "runs")
 
 
@@ -61,9 +62,10 @@ def check_demo_default_records(runs: Path) -> None:
     policy) for RL_STEPS steps: every step records its rollout metrics, and every RL step that updated
     records the sampler/trainer mismatch, from the update's own forward, finite. (The tiny policy rarely
     earns a reward, so RoC may keep nothing: tests/test_demo.py checks a run whose every step updates.)"""
-    for run in sorted(p for p in runs.iterdir() if (p / "args.json").exists()):
-        args = json.loads((run / "args.json").read_text())
-        assert (args["old_logp"], args["scripted_policy"], args["correction"]) == ("sampler", False, "none"), run
+    for run in sorted(p for p in runs.iterdir() if (p / "run_spec.json").exists()):
+        spec = json.loads((run / "run_spec.json").read_text())
+        assert (spec["rl"]["old_logp_source"], spec["rollout"]["scripted_policy"], spec["rl"]["correction"]["is_level"],
+                spec["rl"]["correction"]["mask_level"]) == ("sampler", False, "none", "none"), run
         rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
         rl = [r for r in rows if r.get("stage") == "rl" and "reward" in r]
         assert [r["step"] for r in rl] == list(range(1, TINY["RL_STEPS"] + 1)), run

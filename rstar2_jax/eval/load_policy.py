@@ -5,8 +5,8 @@ Three sources, one result (:class:`Policy`):
 * an HF safetensors directory (``config.json`` + ``model.safetensors[.index.json]`` +
   ``tokenizer.json``): :func:`load_hf_policy`;
 * an orbax checkpoint of a ``TrainState`` (``rl.checkpoint.Checkpointer``): :func:`load_checkpoint_policy`.
-  Either a toy run directory (``<run>/args.json`` + ``<run>/checkpoint``, written by
-  ``experiments/toy_tool_math.py``; its ``tokenizer.json`` if it has one, else the byte tokenizer; toy template) or a checkpoint directory plus an
+  Either a toy run directory (``<run>/run_spec.json`` + ``<run>/checkpoint``, written by the demo,
+  ``rstar2_jax/run/demo.py``; its ``tokenizer.json`` if it has one, else the byte tokenizer; toy template) or a checkpoint directory plus an
   HF ``config.json`` giving the model shape (tokenizer from that directory's ``tokenizer.json``, or
   the byte tokenizer when the vocabulary is the byte tokenizer's);
 * a tiny random policy with the byte tokenizer, for smoke tests: :func:`random_tiny_policy`.
@@ -56,13 +56,13 @@ def template_config(name: str) -> TemplateConfig:
         raise ValueError(f"template must be one of {TEMPLATES}, got {name!r}")
     return TemplateConfig() if name == "full" else TemplateConfig.toy()
 
+RUN_SPEC = "run_spec.json"  # the file a run directory saves its whole RunSpec in (run.spec.SPEC_FILE)
 
-def toy_model_config(args: Mapping[str, Any], vocab_size: int) -> ModelConfig:
-    """The toy demo's model shape from its ``args.json``.
 
-    Must stay equal to ``experiments/toy_tool_math.py:build_model`` (a test compares the two).
-    """
-    hidden, layers = int(args["hidden"]), int(args["layers"])
+def toy_model_config(model: Mapping[str, Any], vocab_size: int) -> ModelConfig:
+    """The toy demo's model shape from its spec's ``model`` section (``hidden``, ``layers``; the run
+    directory's ``run_spec.json``); ``run.demo.build_model`` builds the demo's policy with it."""
+    hidden, layers = int(model["hidden"]), int(model["layers"])
     return ModelConfig(vocab_size=vocab_size, hidden_size=hidden, num_layers=layers, num_heads=4,
                        num_kv_heads=2, head_dim=hidden // 4, intermediate_size=4 * hidden,
                        rope_theta=10_000.0, max_position_embeddings=4096,
@@ -99,22 +99,23 @@ def _resolve_checkpoint(path: Path, config: str | Path | None,
                         tokenizer: str | Path | None) -> tuple[Path, ModelConfig, Tokenizer, str, str]:
     """(orbax directory, model shape, tokenizer, template, where the shape came from) for a run
     directory or a bare checkpoint directory."""
-    run_dir = (path / "args.json").exists() and (path / "checkpoint").is_dir()
+    spec_file = path / RUN_SPEC  # a toy run directory's whole spec (run.spec.SPEC_FILE)
+    run_dir = spec_file.exists() and (path / "checkpoint").is_dir()
     ckpt_dir = path / "checkpoint" if run_dir else path
-    if run_dir and config is None:  # a toy run: shape from its args.json, its tokenizer, toy template
-        args = json.loads((path / "args.json").read_text())
+    if run_dir and config is None:  # a toy run: shape from its spec's model section, its tokenizer, toy template
+        model = json.loads(spec_file.read_text()).get("model", {})
         if tokenizer is None and (path / "tokenizer.json").exists():
             tokenizer = path  # the run's learned BPE
         tok = HFTokenizer(tokenizer) if tokenizer else ByteTokenizer()
         try:
-            cfg = toy_model_config(args, tok.vocab_size)
+            cfg = toy_model_config(model, tok.vocab_size)
         except KeyError as e:
-            raise PolicyLoadError(f"{path / 'args.json'}: missing field {e.args[0]!r} (not a toy run?)") from None
-        return ckpt_dir, cfg, tok, "toy", str(path / "args.json")
+            raise PolicyLoadError(f"{spec_file}: missing field model.{e.args[0]} (not a toy run?)") from None
+        return ckpt_dir, cfg, tok, "toy", str(spec_file)
     if config is None:
         if not (path / "config.json").exists():
             raise PolicyLoadError(f"{path}: an orbax checkpoint needs the model shape: pass an HF config.json "
-                                  "(--config), or give a toy run directory (args.json + checkpoint/)")
+                                  "(--config), or give a toy run directory (run_spec.json + checkpoint/)")
         config = path
     config = Path(config).expanduser()
     try:
@@ -169,9 +170,9 @@ def load_checkpoint_policy(path: str | Path, *, config: str | Path | None = None
                            mesh: Mesh | None = None) -> Policy:
     """Params of the newest readable checkpoint (or ``step``'s) in ``path``.
 
-    ``path``: a toy run directory (``args.json`` + ``checkpoint/``) or an orbax ``Checkpointer``
+    ``path``: a toy run directory (``run_spec.json`` + ``checkpoint/``) or an orbax ``Checkpointer``
     directory; ``config``: an HF ``config.json`` (file or directory) for the shape (default:
-    ``<path>/config.json``; for a run directory: its ``args.json``); ``tokenizer``: a
+    ``<path>/config.json``; for a run directory: its ``run_spec.json``); ``tokenizer``: a
     ``tokenizer.json`` (file or directory) overriding the default described in the module docstring.
     """
     from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state

@@ -67,6 +67,7 @@ class RunSpec:
     async_rl: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
     schedule: ScheduleSpec = dataclasses.field(default_factory=ScheduleSpec)
     checkpoint: CheckpointSpec = dataclasses.field(default_factory=CheckpointSpec)
+    seed: int = 0  # the run's seed (data splits, the policy's init, the sampling keys)
     # the share of each device's memory XLA may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION): the plan fits
     # the run into device memory x memory_fraction (run.plan)
     memory_fraction: float = 0.75
@@ -77,6 +78,8 @@ class RunSpec:
                     "async_rl": AsyncConfig}.get(f.name)
             if want is not None and not isinstance(getattr(self, f.name), want):
                 raise ValueError(f"RunSpec: {f.name} must be a {want.__name__}, got {getattr(self, f.name)!r}")
+        if not is_int(self.seed):
+            raise ValueError(f"RunSpec: seed must be an int, got {self.seed!r}")
         if not isinstance(self.memory_fraction, (int, float)) or not 0 < self.memory_fraction <= 1:
             raise ValueError(f"RunSpec: memory_fraction must be a number in (0, 1], got {self.memory_fraction!r}")
         raw = to_plain(self)
@@ -177,6 +180,11 @@ def _check_coupled(s: RunSpec) -> None:
     if s.data.sft_shards is not None and s.sft.batch_size % s.data.sft_shards:
         raise ValueError(f"RunSpec: sft.batch_size ({s.sft.batch_size}) must be a multiple of data.sft_shards "
                          f"({s.data.sft_shards}): each shard fills batch_size / sft_shards rows")
+    if s.rollout.scripted_policy and s.rl.correction.enabled:
+        raise ValueError("RunSpec: rl.correction needs sampler log-probs: a rollout.scripted_policy has none")
+    if s.rollout.scripted_policy and s.rl.old_logp_source == "sampler":
+        raise ValueError("RunSpec: rollout.scripted_policy needs rl.old_logp_source 'recompute' (the sampler's "
+                         "log-probs are not the script's)")
     if s.async_rl.inflight and s.async_rl.max_staleness < 1:
         raise ValueError("RunSpec: async_rl.inflight needs async_rl.max_staleness >= 1 (asynchronous RL)")
     if s.learner.seq_len is not None and s.data.max_prompt_tokens is not None \
@@ -255,7 +263,7 @@ def resolve(raw: Mapping[str, Any], *, explicit: set[str] | None = None, where: 
         set_dotted(raw, "rl.loss.norm_len", largest)
     scripted = bool(_get(raw, "rollout.scripted_policy", False))
     old = _get(raw, "rl.old_logp_source")
-    if "rl.correction" not in explicit:  # asynchronous runs are corrected, unless π_old is the sampler's
+    if not any(k == "rl.correction" or k.startswith("rl.correction.") for k in explicit):  # asynchronous runs are corrected, unless π_old is the sampler's
         k = _get(raw, "async_rl.max_staleness", 0)
         asynchronous = is_int(k) and k > 0
         set_dotted(raw, "rl.correction", to_plain(ASYNC_CORRECTION) if asynchronous and old != "sampler" and not scripted
@@ -323,14 +331,14 @@ def spec_from_raw(raw: Mapping[str, Any], *, where: str = "RunSpec") -> RunSpec:
 
 
 def load_spec(path: str | Path | None = None, *, sets: Sequence[str] | Mapping[str, Any] = (),
-              preset: str | None = None) -> RunSpec:
-    """The run's spec: ``preset`` (default: the file's ``"preset"`` key, else none: the dataclass
-    defaults), the file's sections over it, then each ``--set`` (dotted ``FIELD=VALUE``), resolved and
-    built. Errors name the file (or ``--set``) and the dotted field."""
+              preset: str | None = None, default_preset: str | None = None) -> RunSpec:
+    """The run's spec: ``preset`` (default: the file's ``"preset"`` key, else ``default_preset``, else
+    none: the dataclass defaults), the file's sections over it, then each ``--set`` (dotted
+    ``FIELD=VALUE``), resolved and built. Errors name the file (or ``--set``) and the dotted field."""
     from rstar2_jax.run.presets import PRESETS
 
     raw: dict[str, Any] = read_file(path) if path is not None else {}
-    name = raw.pop("preset", None) if preset is None else preset
+    name = raw.pop("preset", default_preset) if preset is None else preset
     raw.pop("preset", None)
     if name is not None and name not in PRESETS:
         raise ValueError(f"{path or 'RunSpec'}: preset {name!r} is not one of {sorted(PRESETS)}")

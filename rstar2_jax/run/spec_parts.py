@@ -56,6 +56,12 @@ class ModelSpec:
         _ints(self, ("hidden", "layers", "bpe_vocab"), minimum=1)
         if self.hidden % 4:
             raise ValueError(f"ModelSpec.hidden must be a multiple of 4 (heads), got {self.hidden}")
+        if self.tokenizer == "bpe":
+            from rstar2_jax.text.tokenizer import ByteTokenizer
+
+            if self.bpe_vocab < ByteTokenizer().vocab_size:
+                raise ValueError(f"ModelSpec.bpe_vocab must be >= {ByteTokenizer().vocab_size} (bytes + specials), "
+                                 f"got {self.bpe_vocab}")
         if self.tokenizer == "hf" and self.path is None:
             raise ValueError("ModelSpec.tokenizer 'hf' needs model.path (the directory with tokenizer.json)")
 

@@ -18,9 +18,8 @@ from rstar2_jax.rl import OptimConfig, RLConfig
 from rstar2_jax.rl.checkpoint import Checkpointer
 from rstar2_jax.rl.train_step import init_train_state
 from rstar2_jax.text.tokenizer import CHAT_SPECIALS, ByteTokenizer, HFTokenizer
-from tests.eval.eval_helpers import REPO, load_script
 
-TOY_ARGS = {"hidden": 32, "layers": 1, "seed": 0, "budget": 64}
+TOY_MODEL = {"hidden": 32, "layers": 1}  # a toy run spec's model section (run_spec.json)
 
 
 def assert_same_params(a, b):
@@ -32,7 +31,7 @@ def assert_same_params(a, b):
 
 @pytest.fixture(scope="module")
 def toy_policy():
-    cfg = toy_model_config(TOY_ARGS, ByteTokenizer().vocab_size)
+    cfg = toy_model_config(TOY_MODEL, ByteTokenizer().vocab_size)
     graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(7)))
     return graphdef, params, cfg
 
@@ -48,7 +47,7 @@ def save_state(directory, params, max_grad_norm):
 @pytest.mark.parametrize("max_grad_norm", [1.0, 0.0])
 def test_toy_run_directory_round_trips(tmp_path, toy_policy, max_grad_norm):
     _, params, cfg = toy_policy
-    (tmp_path / "args.json").write_text(json.dumps(TOY_ARGS))
+    (tmp_path / "run_spec.json").write_text(json.dumps({"model": TOY_MODEL}))
     save_state(tmp_path / "checkpoint", params, max_grad_norm)
     policy = load_checkpoint_policy(tmp_path)
     assert policy.model_cfg == cfg and isinstance(policy.tokenizer, ByteTokenizer) and policy.template == "toy"
@@ -59,10 +58,10 @@ def test_toy_run_directory_round_trips(tmp_path, toy_policy, max_grad_norm):
 def test_toy_run_directory_uses_its_learned_tokenizer(tmp_path):
     from rstar2_jax.text.tokenizer import train_byte_bpe
     tok = train_byte_bpe(["<|im_start|>user\nWhat is 12*34?<|im_end|>"] * 10, 300)
-    tok.save(tmp_path)  # what toy_tool_math.py writes next to args.json
-    cfg = toy_model_config(TOY_ARGS, tok.vocab_size)
+    tok.save(tmp_path)  # what the demo writes next to run_spec.json
+    cfg = toy_model_config(TOY_MODEL, tok.vocab_size)
     _, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(3)))
-    (tmp_path / "args.json").write_text(json.dumps(TOY_ARGS))
+    (tmp_path / "run_spec.json").write_text(json.dumps({"model": TOY_MODEL}))
     save_state(tmp_path / "checkpoint", params, 1.0)
     policy = load_checkpoint_policy(tmp_path)
     assert isinstance(policy.tokenizer, HFTokenizer) and policy.template == "toy"
@@ -153,19 +152,21 @@ def test_exactly_one_source():
         load_policy(random_tiny=True, config="c.json")
 
 
-@pytest.mark.skipif(not (REPO / "experiments" / "toy_tool_math.py").exists(), reason="no toy demo script")
 def test_loader_rebuilds_the_toy_demos_model_from_its_run_directory(tmp_path):
-    toy = load_script("toy_tool_math")
+    from rstar2_jax.run.demo import build_model
+    from rstar2_jax.run.demo_cli import parse_args
+    from rstar2_jax.run.spec import save_spec
+
     # The demo's default shape, by hand: hidden 64, 2 layers, 4 heads of 64 / 4 = 16, 2 KV heads,
     # MLP 4 x 64 = 256, RoPE base 1e4, 4096 positions.
-    assert toy.build_model(toy.parse_args([]), 268) == ModelConfig(
+    assert build_model(parse_args([]).spec, 268) == ModelConfig(
         vocab_size=268, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
         intermediate_size=256, rope_theta=10_000.0, max_position_embeddings=4096)
-    # A run directory as main() writes it (args.json, config.json, checkpoint/), for a non-default
-    # shape: the loader must get the same model back from args.json alone.
-    args = toy.parse_args(["--hidden", "48", "--layers", "3", "--tokenizer", "byte", "--out", str(tmp_path)])
-    mcfg = toy.build_model(args, ByteTokenizer().vocab_size)
-    (tmp_path / "args.json").write_text(json.dumps(vars(args), indent=2))
+    # A run directory as the demo writes it (run_spec.json, config.json, checkpoint/), for a non-default
+    # shape: the loader must get the same model back from run_spec.json alone.
+    args = parse_args(["--hidden", "48", "--layers", "3", "--tokenizer", "byte", "--out", str(tmp_path)])
+    mcfg = build_model(args.spec, ByteTokenizer().vocab_size)
+    save_spec(args.spec, tmp_path)
     (tmp_path / "config.json").write_text(json.dumps(mcfg.to_hf(), indent=2))
     _, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(0)))
     save_state(tmp_path / "checkpoint", params, 1.0)
