@@ -72,8 +72,8 @@ def _learner_and_batch(trajs, pack, rows, micro, agg):
     adv = np.linspace(-1, 1, n).astype(np.float32)
     rec = np.zeros((n, len(SELECT_FIELDS)))  # what the batch reads of the records: each length
     rec[:, F["length"]] = [len(t.prompt_tokens) + len(t.response_tokens) for t in trajs]
-    sel = Selection(kept=np.arange(n), advantages=adv, offsets=np.array([0, n]))
-    return learner, learner.batch(trajs, sel, rec), learner.padding(sel, rec), jax
+    sel = Selection(kept=np.arange(n), offsets=np.array([0, n]))
+    return learner, learner.batch(trajs, sel, rec, adv), learner.padding(sel, rec), jax
 
 
 def test_packed_update_equals_one_trajectory_per_row_and_pads_less():
