@@ -452,7 +452,7 @@ def kl_coef(cfg: Any) -> float:
 def from_recipe(cfg: Any, model_cfg: ModelConfig, *, devices: int, devices_per_process: int,
                 prompt_tokens: int | None = None, runtime_gb: float = 0.0) -> PlanInput:
     """The plan's input for a ``recipe.RecipeConfig``: the trainer's rows and lengths as
-    ``experiments/rstar2_recipe.py`` builds them (RL rows = problems_per_step x G, ``micro_batch``
+    ``run.recipe_main`` builds them (RL rows = problems_per_step x G, ``micro_batch``
     of them per micro-batch (None: all); T = prompt + max(stage-2, eval) budget with the prompt at
     most ``prompt_tokens`` (default ``cfg.max_prompt_tokens``, which the recipe enforces on the data);
     SFT rows sft_batch x sft_seq_len), the engines per ``cfg.placement()``, π_ref when

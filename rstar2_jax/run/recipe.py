@@ -6,8 +6,8 @@
   filter    the stage-2 policy samples k=8 answers per training problem; problems solved 8/8 are dropped
   rl_stage3 GRPO-RoC on the remaining (hard) problems, optimizer state reset
 
-Everything here is configuration and pure decision functions; ``experiments/rstar2_recipe.py``
-drives the shared trainer, engines, dispatcher, sandbox and verifier with them.
+Everything here is configuration and pure decision functions; ``run.recipe_main`` (the run behind
+``experiments/rstar2_recipe.py``) drives the shared trainer, engines, dispatcher, sandbox and verifier with them.
 """
 
 from __future__ import annotations

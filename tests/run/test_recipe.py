@@ -2,14 +2,12 @@
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
 
 from rstar2_jax.run.recipe import RecipeConfig, filter_unsolved, next_stage, truncation_settled
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
 
 def test_truncation_settled_needs_a_stable_window_near_target():
@@ -102,19 +100,19 @@ def test_every_malformed_config_names_its_field_and_file(tmp_path, changes, matc
     (["--set", "rl_lr=-1"], r"config error: RecipeConfig.rl_lr must be a finite number > 0, got -1"),
 ])
 def test_mesh_and_overrides_are_checked_at_start(tmp_path, argv, match):
-    import rstar2_recipe
+    from rstar2_jax.run import recipe_main
 
     with pytest.raises(SystemExit, match=match):
-        rstar2_recipe.main(["--dry-run", "--out", str(tmp_path / "o"), "--no-progress", *argv])
+        recipe_main.main(["--dry-run", "--out", str(tmp_path / "o"), "--no-progress", *argv])
     assert not (tmp_path / "o").exists()
 
 
 def test_config_errors_come_before_anything_loads(tmp_path, capsys):
     """The script exits on a bad config at start (no model, data or sandbox touched), naming the field."""
-    import rstar2_recipe
+    from rstar2_jax.run import recipe_main
 
     with pytest.raises(SystemExit, match=r"config error: .*c.json: field 'rl_data' is required"):
-        rstar2_recipe.main(["--config", str(_full_config(tmp_path, rl_data=None)), "--out", str(tmp_path / "o")])
+        recipe_main.main(["--config", str(_full_config(tmp_path, rl_data=None)), "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
 
 

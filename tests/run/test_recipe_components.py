@@ -4,7 +4,6 @@ anything loads, errors name the dotted field and the file, dotted ``--set`` over
 configs, and the whole config round-trips through its saved JSON."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from rstar2_jax.utils.config_io import build, set_dotted, to_plain
 from tests.run.test_recipe import _full_config
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "experiments"))
 
 
 _config = _full_config  # the shipped 14B config, its paths pointed at files that exist
@@ -88,26 +86,26 @@ def test_component_errors_name_the_dotted_field_and_the_file(tmp_path, changes, 
 
 
 def test_dotted_set_overrides_on_the_command_line(tmp_path):
-    import rstar2_recipe
+    from rstar2_jax.run import recipe_main
 
-    args = rstar2_recipe.parse_args(["--config", str(_config(tmp_path, loss={"kind": "gspo"})),
+    args = recipe_main.parse_args(["--config", str(_config(tmp_path, loss={"kind": "gspo"})),
                                      "--set", "loss.eps_high=0.3", "--set", "engine.page_size=64",
                                      "--set", 'sandbox.preload=["numpy"]', "--set", "mesh.tensor=4",
                                      "--set", "mesh.fsdp=16"])
-    cfg = rstar2_recipe.load_config(args)
+    cfg = recipe_main.load_config(args)
     assert (cfg.loss.kind, cfg.loss.eps_high) == (LossKind.GSPO, 0.3)  # the file's kind kept, one field changed
     assert (cfg.engine.page_size, cfg.engine.prefill_chunk, cfg.sandbox.preload) == (64, 128, ("numpy",))
     assert cfg.mesh.shape(64) == (1, 16, 4)
-    bad = rstar2_recipe.parse_args(["--config", str(_config(tmp_path)), "--set", "los.kind=gspo"])
+    bad = recipe_main.parse_args(["--config", str(_config(tmp_path)), "--set", "los.kind=gspo"])
     with pytest.raises(SystemExit, match=r"config error: --set los.kind: unknown field"):
-        rstar2_recipe.load_config(bad)
-    bad = rstar2_recipe.parse_args(["--config", str(_config(tmp_path)), "--set", "engine.page=8"])
+        recipe_main.load_config(bad)
+    bad = recipe_main.parse_args(["--config", str(_config(tmp_path)), "--set", "engine.page=8"])
     with pytest.raises(SystemExit, match=r"c.json: RecipeConfig.engine.page: unknown field"):
-        rstar2_recipe.load_config(bad)
+        recipe_main.load_config(bad)
 
 
 def test_prompts_longer_than_the_plan_s_maximum_are_refused(tmp_path):
-    import rstar2_recipe
+    from rstar2_jax.run import recipe_main
 
     from rstar2_jax.data.datasets import Problem
     from rstar2_jax.rollout.template import TemplateConfig
@@ -115,11 +113,11 @@ def test_prompts_longer_than_the_plan_s_maximum_are_refused(tmp_path):
 
     tok, tpl = ByteTokenizer(), TemplateConfig.toy(report_exec_time=False)
     probs = [Problem(id="a", problem="1 + 1?", answer="2"), Problem(id="b", problem="x" * 400, answer="2")]
-    n = rstar2_recipe.check_prompts(probs[:1], "rl.jsonl", tok, tpl, 10_000)
-    assert n == len(tok.encode(rstar2_recipe.render_prompt("1 + 1?", tpl)))
+    n = recipe_main.check_prompts(probs[:1], "rl.jsonl", tok, tpl, 10_000)
+    assert n == len(tok.encode(recipe_main.render_prompt("1 + 1?", tpl)))
     with pytest.raises(SystemExit, match=r"config error: rl.jsonl: problem 2 \(id 'b'\) renders to a \d+-token "
                                          r"prompt, more than max_prompt_tokens = 300"):
-        rstar2_recipe.check_prompts(probs, "rl.jsonl", tok, tpl, 300)
+        recipe_main.check_prompts(probs, "rl.jsonl", tok, tpl, 300)
 
 
 def test_build_checks_types_and_set_dotted_nests():
@@ -144,12 +142,12 @@ def test_build_checks_types_and_set_dotted_nests():
 def test_the_learner_engine_split_runs_the_dry_run_on_disjoint_devices(tmp_path, capsys, monkeypatch):
     """``learner_devices = 4`` of 8: the trainer mesh on devices 0-3, two TP-2 engines on 4-7, every stage."""
     import jax
-    import rstar2_recipe
+    from rstar2_jax.run import recipe_main
 
     from rstar2_jax.sampling.layout import leaf_devices
 
     seen: dict = {}
-    real_parts, real_engine = rstar2_recipe.Parts, rstar2_recipe.PagedEngine
+    real_parts, real_engine = recipe_main.Parts, recipe_main.PagedEngine
 
     def parts(**kw):
         seen["mesh"] = {d.id for d in kw["mesh"].devices.reshape(-1)}
@@ -160,10 +158,10 @@ def test_the_learner_engine_split_runs_the_dry_run_on_disjoint_devices(tmp_path,
             seen.setdefault("engines", []).append(leaf_devices(params))
             super().__init__(graphdef, params, *args, **kwargs)
 
-    monkeypatch.setattr(rstar2_recipe, "Parts", parts)
-    monkeypatch.setattr(rstar2_recipe, "PagedEngine", Engine)
+    monkeypatch.setattr(recipe_main, "Parts", parts)
+    monkeypatch.setattr(recipe_main, "PagedEngine", Engine)
     assert jax.device_count() == 8
-    summary = rstar2_recipe.main(["--dry-run", "--out", str(tmp_path / "o"), "--no-progress", "--set", "learner_devices=4",
+    summary = recipe_main.main(["--dry-run", "--out", str(tmp_path / "o"), "--no-progress", "--set", "learner_devices=4",
                                   "--set", "stage1_max_steps=1", "--set", "eval_every=null"])
     printed = capsys.readouterr().out
     assert "placement: processes = 1, engines = 2, devices_per_engine = 2, devices_used = 4/4" in printed

@@ -11,12 +11,9 @@ steps update for real.
 import gc
 import json
 import math
-import sys
 import weakref
-from pathlib import Path
 
 import jax
-import numpy as np
 import pytest
 from flax import nnx
 
@@ -26,7 +23,6 @@ from rstar2_jax.model.hf_io import export_hf
 from rstar2_jax.rollout.template import TOOL_NAME, TemplateConfig, render_prompt
 from rstar2_jax.text.tokenizer import CHAT_SPECIALS, HFTokenizer, train_byte_bpe
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
 PROBLEMS = [("p0", "What is 3 + 4?", "7"), ("p1", "What is 2 + 5?", "7"), ("p2", "What is 10 - 3?", "7"),
             ("p3", "What is 1 + 6?", "7")]
@@ -111,18 +107,18 @@ def _record_built(monkeypatch, script) -> dict:
 
 @pytest.mark.slow
 def test_full_recipe_path_on_an_hf_directory(run_dir, capsys, monkeypatch):
-    import rstar2_recipe
+    from rstar2_jax.run import recipe_main
 
     from rstar2_jax.run.recipe import RecipeConfig
 
-    built = _record_built(monkeypatch, rstar2_recipe)
+    built = _record_built(monkeypatch, recipe_main)
 
     tok = HFTokenizer(run_dir / "model")
     for special in ("<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>", "<|endoftext|>"):
         assert len(tok.encode(special)) == 1, special  # single ids, as in Qwen's tokenizer
     assert jax.device_count() == 8
     out = run_dir / "out"
-    summary = rstar2_recipe.main(["--config", str(run_dir / "config.json"), "--out", str(out), "--no-progress",
+    summary = recipe_main.main(["--config", str(run_dir / "config.json"), "--out", str(out), "--no-progress",
                                   "--set", "loss.eps_low=0.25", "--set", "engine.prefill_chunk=32"])
     # the file's components and the dotted --set overrides reached the objects the run built, the rest of
     # each component kept the recipe's defaults; the run directory holds the whole config, which reads back

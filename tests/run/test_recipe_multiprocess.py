@@ -114,12 +114,9 @@ def _final(out: Path) -> tuple[dict, list[np.ndarray]]:
     from rstar2_jax.run.recipe import RecipeConfig
     from rstar2_jax.text.tokenizer import ByteTokenizer
 
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import rstar2_recipe
-
     _, params = split_policy(Qwen3(ModelConfig.tiny(vocab_size=ByteTokenizer().vocab_size), rngs=nnx.Rngs(0)))
     with Checkpointer(out / "checkpoint", create=False) as ckpt:
-        r = ckpt.restore_latest(abstract_train_state(params, rstar2_recipe.rl_config(RecipeConfig.dry_run())))
+        r = ckpt.restore_latest(abstract_train_state(params, RecipeConfig.dry_run().rl_config()))
     return r.data_cursor, [np.asarray(x) for x in jax.tree.leaves(r.state.params)]
 
 
@@ -193,12 +190,12 @@ def test_two_processes_killed_and_resumed_run_the_recipe_like_one(runs):
 
 
 def _refused(run_dir: Path, argv: list[str], match: str, capsys) -> None:
-    import rstar2_recipe
+    from rstar2_jax.run import recipe_main
 
     before = (run_dir / "metrics.jsonl").read_bytes()
     listing = sorted(str(p.relative_to(run_dir)) for p in run_dir.rglob("*"))
     with pytest.raises(SystemExit) as e:
-        rstar2_recipe.main(["--dry-run", "--out", str(run_dir), "--no-progress", "--resume", *argv])
+        recipe_main.main(["--dry-run", "--out", str(run_dir), "--no-progress", "--resume", *argv])
     assert e.value.code not in (0, None) and str(e.value.code).startswith("--resume"), e.value.code
     assert __import__("re").search(match, str(e.value.code)), str(e.value.code)
     print(f"refusal: {e.value.code}")
@@ -209,7 +206,6 @@ def _refused(run_dir: Path, argv: list[str], match: str, capsys) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(3600)
 def test_resume_refusals_name_the_reason_and_write_nothing(runs, tmp_path, capsys):
-    sys.path.insert(0, str(ROOT / "experiments"))
     base = tmp_path / "base"
     shutil.copytree(runs["one"], base, ignore=shutil.ignore_patterns("*.log*"))
     changed = tmp_path / "changed"

@@ -4,8 +4,6 @@ No weak host needed: the pool's reported isolation is replaced (a fake pool, or 
 
 import contextlib
 import dataclasses
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +12,6 @@ from rstar2_jax.sandbox.check import WeakerSandboxError, check_pool, shortfall
 from rstar2_jax.sandbox.isolation import Isolation
 from rstar2_jax.sandbox.limits import SandboxLimits
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "experiments"))
 
 # what a root pool gets on a host that allows every layer, and a non-root one (user namespace, no uid drop)
 FULL_ROOT = Isolation(pid_ns=True, net_ns=True, ipc_ns=True, mount_ns=True, private_tmp=True, private_proc=True,
@@ -76,15 +73,15 @@ class _Stop(Exception):
 
 @pytest.fixture
 def recipe_with(monkeypatch):
-    import rstar2_recipe
+    from rstar2_jax.run import recipe_main
 
     def install(pool):
-        monkeypatch.setattr(rstar2_recipe, "open_pool", lambda *a, **k: contextlib.nullcontext(pool))
+        monkeypatch.setattr(recipe_main, "open_pool", lambda *a, **k: contextlib.nullcontext(pool))
 
         def stop(*a, **k):
             raise _Stop
-        monkeypatch.setattr(rstar2_recipe, "dry_run_data", stop)
-        return rstar2_recipe
+        monkeypatch.setattr(recipe_main, "dry_run_data", stop)
+        return recipe_main
     return install
 
 
