@@ -3,7 +3,8 @@
     python experiments/rstar2_recipe.py --config experiments/configs/rstar2_14b.json [--out DIR] [--resume]
     python experiments/rstar2_recipe.py --dry-run     # every stage with a tiny random policy on CPU
 
-``--help`` lists the flags (``--set FIELD=JSON`` overrides one config field).
+``--help`` lists the flags: ``--config FILE`` is a ``RunSpec`` (JSON or YAML), ``--set FIELD=VALUE`` overrides one
+spec field (dotted, repeatable: ``--set rl.loss.kind=gspo``); the run directory keeps ``run_spec.json``.
 """
 
 import sys

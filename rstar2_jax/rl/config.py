@@ -240,7 +240,7 @@ class CorrectionConfig:
 
 
 # The rollout correction an asynchronous run (max_staleness > 0) gets unless it chooses one (the demo's
-# --correction auto, RecipeConfig.correction null): truncated token IS, C = 2, on the decoupled objective
+# --correction auto, a RunSpec's rl.correction left out): truncated token IS, C = 2, on the decoupled objective
 # (π_old recomputed = π_prox). Why this one: docs/design.md §5.1 ("Correction default").
 ASYNC_CORRECTION = CorrectionConfig(is_level=CorrectionLevel.TOKEN, is_cap=2.0)
 

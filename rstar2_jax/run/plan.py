@@ -3,13 +3,13 @@
     python -m rstar2_jax.run.plan --config experiments/configs/rstar2_14b.json --device-memory 192
     python -m rstar2_jax.run.plan --config experiments/configs/rstar2_14b_16x80gb.json --device-memory 79.6
     python -m rstar2_jax.run.plan --config experiments/configs/rstar2_8b_8x80gb.json --device-memory 79.6 \\
-        --set 'mesh={"data": 1, "fsdp": 4, "tensor": 2}' --micro-batch 32
+        --set 'mesh={"data": 1, "fsdp": 4, "tensor": 2}' --set rl.micro_batch_size=32
 
 The model's shape comes from ``<model_path>/config.json`` when that folder exists, else from a named
 preset of the public Qwen3 configs (``--model Qwen3-14B``, or guessed from the model path's name), so
-a run can be planned before anything is downloaded. The recipe loads its config with :func:`load_recipe`
-(``RecipeConfig.from_json``, then :func:`check_recipe` on this run's devices) and refuses, with the
-table, a config that does not fit; reading a config alone (``from_json``) asks JAX nothing.
+a run can be planned before anything is downloaded. The config is a ``run.spec.RunSpec`` file (``--config
+FILE``, dotted ``--set`` overrides); the recipe checks its spec with :func:`check_spec` on this run's
+devices and refuses, with the table, a spec that does not fit; reading a spec alone asks JAX nothing.
 
 Per device, in four phases: SFT (the trainer alone); RL's update, its π_old pass and its weight sync
 (the trainer and the engines). Rows:
@@ -46,7 +46,7 @@ Per device, in four phases: SFT (the trainer alone); RL's update, its π_old pas
   unrolled stack (``scan_layers=False``, L > 1) counts s = 10 B x dots whatever the remat policy: XLA's plan of
   it is the same for full, dots and none (only the scanned stack is rematerialised; §6.2), ~117-122 KiB
   per token per layer at 0.6B widths in bf16 and fp32: 10 bytes per dots element.
-* **π_old pass per micro-batch** (its own phase, when ``old_logp_source`` is "recompute" (the recipe's)
+* **π_old pass per micro-batch** (its own phase, when ``rl.old_logp_source`` is "recompute" (the recipe's)
   or π_ref is kept; "sampler" with no KL has no pass): ``rl/train_step.make_logprob_fn``, a no-grad
   forward micro-batched like the update, run before it (its temporaries are gone when the update starts;
   the π_ref pass is the same program on the reference params, after it). Per device: the scanned
@@ -60,7 +60,7 @@ Per device, in four phases: SFT (the trainer alone); RL's update, its π_old pas
   tokens each: tokens, targets, loss mask, positions, segment ids (4 B each) and the log-probs the
   step adds (the sampler's; π_old when recomputed; π_ref with the KL term), 4 B each.
 * **engines' weights** (RL): P x bytes(engine weight dtype) / TP per engine device.
-* **engines' K/V pool** (RL): ``kv_memory_gb`` per engine, split over its TP devices.
+* **engines' K/V pool** (RL): ``engine.kv_memory_gb`` per engine, split over its TP devices.
 * **async snapshots** (RL, ``max_staleness`` k >= 1; the recipe's ``AsyncConfig`` has lookahead L =
   k): copies of the engines' weights that ``train.async_loop.AsyncRL.published`` holds beside the engines'
   own (:func:`async_snapshots`): up to L during an update and its π_old pass (versions w(b) .. the
@@ -77,11 +77,11 @@ Per device, in four phases: SFT (the trainer alone); RL's update, its π_old pas
   measured process baseline on CPU).
 
 Memory: the **usable** memory is device memory x ``memory_fraction`` (:func:`usable_memory_gb`; the
-config's ``RecipeConfig.memory_fraction``, which must equal ``$XLA_PYTHON_CLIENT_MEM_FRACTION``: the
-launch scripts export it from the config and ``check_recipe`` refuses a mismatch on an accelerator).
+spec's ``RunSpec.memory_fraction``, which must equal ``$XLA_PYTHON_CLIENT_MEM_FRACTION``: the
+launch scripts export it from the config and ``check_spec`` refuses a mismatch on an accelerator).
 The run **fits** when the largest phase's total is at most usable x (1 - 5%): a 5% margin of usable
 memory (:data:`MARGIN`). ``--device-memory`` and ``$RSTAR2_DEVICE_MEMORY_GB`` are the *physical*
-GB per device; on an accelerator without that variable ``check_recipe`` reads XLA's own limit
+GB per device; on an accelerator without that variable ``check_spec`` reads XLA's own limit
 (``bytes_limit``, already the usable share) and turns it back into physical by the fraction, so both
 paths meet in :func:`usable_memory_gb`. The plan also gives the largest micro-batch (rows per
 micro-batch, global) of each update that fits. Approximate by construction: XLA shares and schedules
@@ -94,16 +94,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
-from rstar2_jax.model.config import MeshConfig, ModelConfig
+from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.presets import PRESETS, preset
-from rstar2_jax.run.recipe import RecipeConfig
+from rstar2_jax.run.spec import RunSpec, load_spec
 
 GB = 2**30
 NONE_FACTOR = 150.5 / 48.0  # remat "none" over the "dots" formula, measured (docs/design.md §6.1)
@@ -111,7 +110,7 @@ NONE_FACTOR = 150.5 / 48.0  # remat "none" over the "dots" formula, measured (do
 # XLA's plan at 0.6B widths keeps 117 KiB (bf16) / 122 KiB (fp32) per token per layer = ~10 x 12,288
 UNROLLED_BYTES_PER_DOT = 10.0
 DEVICE_MEMORY_ENV = "RSTAR2_DEVICE_MEMORY_GB"  # physical GB per device (as --device-memory); usable = x memory_fraction
-MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # the share XLA may allocate (RecipeConfig.memory_fraction)
+MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"  # the share XLA may allocate (RunSpec.memory_fraction)
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 # experiments/configs/<name>: (the hardware, physical GB per device as the plan counts GB = 2**30, devices).
 # tests/run/test_plan.py plans each on its hardware (fits with the margin); experiments/configs/README.md has the tables.
@@ -156,7 +155,7 @@ def vocab_grad_bytes(cfg: ModelConfig) -> float:
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class PlanInput:
-    """What the plan needs of a run (``from_recipe`` fills it from a ``RecipeConfig``)."""
+    """What the plan needs of a run (``from_spec`` fills it from a ``RunSpec``)."""
 
     model: ModelConfig  # shapes, param_dtype (storage), dtype (compute), remat, attention
     devices: int  # all devices of the run
@@ -427,45 +426,34 @@ def make_plan(inp: PlanInput, device_memory_gb: float | None = None, memory_frac
                 usable_bytes=None if usable is None else int(usable * GB), phases=phases)
 
 
-def model_for_recipe(cfg: Any, model: str | None = None) -> ModelConfig:
-    """The recipe's model config: ``model_path``/config.json if it exists, else the preset ``model``
-    (or the one the model path names), with the recipe's compute dtype (as ``load_hf``)."""
-    path = Path(str(cfg.model_path)).expanduser() if cfg.model_path else None
+def model_for_spec(spec: RunSpec, model: str | None = None) -> ModelConfig:
+    """The run's model config: ``model.path``/config.json if it exists, else the preset ``model`` (or
+    ``model.preset``, or the one the model path names), with the spec's dtype (as ``load_hf``)."""
+    path = Path(str(spec.model.path)).expanduser() if spec.model.path else None
     if model is None and path is not None and (path / "config.json").is_file():
-        return ModelConfig.from_hf(path, dtype=cfg.dtype)
-    name = model or (path.name if path is not None else None)
+        return ModelConfig.from_hf(path, dtype=spec.model.dtype)
+    name = model or spec.model.preset or (path.name if path is not None else None)
     if name is None:
-        raise KeyError("no model: give model_path (with a config.json) or a preset name")
-    return dataclasses.replace(preset(name), dtype=cfg.dtype)
+        raise KeyError("no model: give model.path (with a config.json) or a preset name")
+    return dataclasses.replace(preset(name), dtype=spec.model.dtype)
 
 
-def kl_coef(cfg: Any) -> float:
-    """The recipe's KL coefficient: ``cfg.loss.kl_coef`` (a ``rl.config.LossConfig`` or its JSON
-    object); 0 when the config has no ``loss``."""
-    loss = getattr(cfg, "loss", None)
-    if loss is None:
-        return 0.0
-    value = loss.get("kl_coef", 0.0) if isinstance(loss, Mapping) else getattr(loss, "kl_coef", 0.0)
-    return float(value or 0.0)
-
-
-def from_recipe(cfg: Any, model_cfg: ModelConfig, *, devices: int, devices_per_process: int,
-                prompt_tokens: int | None = None, runtime_gb: float = 0.0) -> PlanInput:
-    """The plan's input for a ``recipe.RecipeConfig``: the trainer's rows and lengths as
-    ``run.recipe_main`` builds them (RL rows = problems_per_step x G, ``micro_batch``
-    of them per micro-batch (None: all); T = prompt + max(stage-2, eval) budget with the prompt at
-    most ``prompt_tokens`` (default ``cfg.max_prompt_tokens``, which the recipe enforces on the data);
-    SFT rows sft_batch x sft_seq_len), the engines per ``cfg.placement()``, π_ref when
-    ``cfg.loss.kl_coef`` > 0, async snapshots by the async loop's lookahead (``cfg.async_rl.ahead``:
-    ``max_staleness`` unless a lookahead is given), the trainer mesh on ``cfg.learner_devices`` of each
-    process's devices when split (the engines on the rest). Raises ``ValueError`` naming the numbers when the mesh or the engines
-    do not match the devices."""
-    prompt = cfg.max_prompt_tokens if prompt_tokens is None else prompt_tokens
-    seq = prompt + max(cfg.stage2_budget, cfg.eval_budget or 0)
-    seq = -(-seq // 256) * 256  # LearnerConfig.seq_bucket
-    tp = cfg.devices_per_engine
-    m = cfg.mesh
-    split = getattr(cfg, "learner_devices", None)
+def from_spec(spec: RunSpec, model_cfg: ModelConfig, *, devices: int, devices_per_process: int,
+              prompt_tokens: int | None = None, runtime_gb: float = 0.0) -> PlanInput:
+    """The plan's input for a ``RunSpec``: the trainer's rows and lengths as ``run.recipe_main`` builds
+    them (RL rows = schedule.problems_per_step x G, ``rl.micro_batch_size`` of them per micro-batch
+    (None: all); T = ``spec.seq_len(prompt)`` (prompt + the largest budget) rounded up to
+    ``learner.seq_bucket``, the prompt at most ``prompt_tokens`` (default ``data.max_prompt_tokens``,
+    which the recipe enforces on the data); SFT rows sft.batch_size x sft.seq_len), the engines per
+    ``spec.placement``, π_ref when ``rl.loss.kl_coef`` > 0, async snapshots by the async loop's
+    lookahead (``async_rl.ahead``), the trainer mesh on ``learner.devices`` of each process's devices
+    when split (the engines on the rest). Raises ``ValueError`` naming the numbers when the mesh or
+    the engines do not match the devices, or when the engines' pool is not given in GiB."""
+    seq = spec.seq_len(prompt_tokens)
+    bucket = spec.learner.seq_bucket
+    seq = -(-seq // bucket) * bucket
+    pl, m, split = spec.placement, spec.mesh, spec.learner.devices
+    tp = pl.devices_per_engine
     processes = devices // max(devices_per_process, 1)
     trainer = devices if split is None else split * processes
     try:
@@ -474,19 +462,21 @@ def from_recipe(cfg: Any, model_cfg: ModelConfig, *, devices: int, devices_per_p
         raise ValueError(f"the mesh (data {m.data}, fsdp {m.fsdp}, tensor {m.tensor}) does not match the run's "
                          f"{trainer} {'devices' if split is None else 'trainer devices'} ({processes} processes x "
                          f"{devices_per_process if split is None else f'{split} learner devices'}): {e}") from None
+    if spec.engine.kv_memory_gb is None:
+        raise ValueError("the plan needs engine.kv_memory_gb (the K/V pool per engine, GiB)")
     engine_devices = devices_per_process - (split or 0)
-    async_rl = getattr(cfg, "async_rl", None)
-    lookahead = async_rl.ahead if async_rl is not None else int(getattr(cfg, "max_staleness", 0) or 0)
     return PlanInput(model=model_cfg, devices=devices, devices_per_process=devices_per_process,
-                     mesh=mesh, rl_rows=cfg.problems_per_step * cfg.group,
-                     rl_micro_rows=cfg.micro_batch, rl_seq_len=seq, sft_rows=cfg.sft_batch,
-                     sft_micro_rows=cfg.sft_micro_batch, sft_seq_len=cfg.sft_seq_len,
-                     engines_per_process=cfg.engines if cfg.engines is not None else engine_devices // tp,
-                     devices_per_engine=tp, engine_weight_dtype=cfg.engine_weight_dtype or model_cfg.param_dtype,
-                     kv_bytes_per_engine=int(cfg.kv_memory_gb * GB), runtime_bytes=int(runtime_gb * GB),
-                     reference_copy=kl_coef(cfg) > 0,
-                     old_logp_recompute=str(getattr(cfg, "old_logp_source", "recompute")) == "recompute",
-                     snapshot_lookahead=lookahead, learner_devices_per_process=split)
+                     mesh=mesh, rl_rows=spec.rows, rl_micro_rows=spec.rl.micro_batch_size, rl_seq_len=seq,
+                     rl_chunk=spec.rl.logprob_chunk_size, sft_rows=spec.sft.batch_size,
+                     sft_micro_rows=spec.sft.micro_batch_size, sft_seq_len=spec.sft.seq_len,
+                     sft_chunk=spec.sft.logprob_chunk_size,
+                     engines_per_process=(pl.engines_per_process if pl.engines_per_process is not None
+                                          else engine_devices // tp),
+                     devices_per_engine=tp, engine_weight_dtype=pl.weight_dtype or model_cfg.param_dtype,
+                     kv_bytes_per_engine=int(spec.engine.kv_memory_gb * GB), runtime_bytes=int(runtime_gb * GB),
+                     reference_copy=spec.rl.loss.kl_coef > 0,
+                     old_logp_recompute=str(spec.rl.old_logp_source) == "recompute",
+                     snapshot_lookahead=spec.async_rl.ahead, learner_devices_per_process=split)
 
 
 def check_memory_fraction(memory_fraction: float, backend: str, environ: Mapping[str, str] = os.environ) -> None:
@@ -524,93 +514,70 @@ def _backend() -> str:
     return jax.default_backend()
 
 
-def check_recipe(cfg: Any) -> Plan | None:
-    """The recipe's start-up check: plan ``cfg`` on this run's devices; raise ``ValueError`` with the
-    table when it does not fit (peak above usable memory less the margin), when the mesh or the engines
-    do not match the devices (naming the numbers), or when ``$XLA_PYTHON_CLIENT_MEM_FRACTION``
-    disagrees with ``cfg.memory_fraction`` (accelerators only). None (no verdict) when the device memory
-    is unknown (CPU without ``$RSTAR2_DEVICE_MEMORY_GB``) or the model's shape is unknown (no
-    config.json, no preset name). Asks JAX for the devices: call it after ``jax.distributed.initialize``
-    (the recipe script does)."""
-    fraction = float(getattr(cfg, "memory_fraction", 0.75))
-    check_memory_fraction(fraction, _backend())
-    mem = device_memory_gb(fraction)
-    if mem is None:
-        return None
+def check_spec(spec: RunSpec, *, where: str = "RunSpec") -> Plan | None:
+    """The recipe's start-up check: plan ``spec`` on this run's devices; raise ``ValueError`` (prefixed
+    with ``where``, the file) with the table when it does not fit (peak above usable memory less the
+    margin), when the mesh or the engines do not match the devices (naming the numbers), or when
+    ``$XLA_PYTHON_CLIENT_MEM_FRACTION`` disagrees with ``spec.memory_fraction`` (accelerators only).
+    None (no verdict) when the device memory is unknown (CPU without ``$RSTAR2_DEVICE_MEMORY_GB``) or
+    the model's shape is unknown (no config.json, no preset name). Asks JAX for the devices: call it
+    after ``jax.distributed.initialize`` (the recipe does)."""
+    fraction = float(spec.memory_fraction)
     try:
-        model = model_for_recipe(cfg)
-    except KeyError:
-        return None
-    import jax
+        check_memory_fraction(fraction, _backend())
+        mem = device_memory_gb(fraction)
+        if mem is None:
+            return None
+        try:
+            model = model_for_spec(spec)
+        except KeyError:
+            return None
+        import jax
 
-    inp = from_recipe(cfg, model, devices=jax.device_count(), devices_per_process=jax.local_device_count())
-    plan = make_plan(inp, mem, fraction)
-    if not plan.fits:
-        raise ValueError(f"the run does not fit the devices' memory ({mem:.1f} GB each, usable "
-                         f"{plan.usable_bytes / GB:.1f} GB at memory_fraction {fraction}; python -m rstar2_jax.run.plan "
-                         f"--config ... plans other settings):\n{plan.table()}")
-    return plan
-
-
-def load_recipe(path: str | Path, **overrides: Any) -> RecipeConfig:
-    """``RecipeConfig.from_json(path, **overrides)``, then :func:`check_recipe` (the memory plan on this
-    run's devices): errors name the file. Asks JAX for the devices: call it after
-    ``jax.distributed.initialize``."""
-    cfg = RecipeConfig.from_json(path, **overrides)
-    try:
-        check_recipe(cfg)  # a run that cannot fit its devices is refused, with the table
+        inp = from_spec(spec, model, devices=jax.device_count(), devices_per_process=jax.local_device_count())
+        plan = make_plan(inp, mem, fraction)
+        if not plan.fits:
+            raise ValueError(f"the run does not fit the devices' memory ({mem:.1f} GB each, usable "
+                             f"{plan.usable_bytes / GB:.1f} GB at memory_fraction {fraction}; python -m "
+                             f"rstar2_jax.run.plan --config ... plans other settings):\n{plan.table()}")
     except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
-    return cfg
+        raise ValueError(f"{where}: {e}") from None
+    return plan
 
 
 def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", required=True, help="a recipe JSON config (experiments/configs/...)")
+    ap.add_argument("--config", required=True, help="a RunSpec file, JSON or YAML (experiments/configs/...)")
     ap.add_argument("--device-memory", type=float, default=None, help="physical GB per device (usable: x the "
                     "config's memory_fraction; default: none, no verdict)")
-    ap.add_argument("--model", default=None, help=f"a preset ({', '.join(PRESETS)}); default: model_path's config.json "
-                    "or the preset its name gives")
+    ap.add_argument("--model", default=None, help=f"a preset ({', '.join(PRESETS)}); default: model.path's "
+                    "config.json, else model.preset or the preset the path's name gives")
     ap.add_argument("--devices", type=int, default=None, help="all devices (default: the mesh's product)")
     ap.add_argument("--devices-per-process", type=int, default=8)
     ap.add_argument("--prompt-tokens", type=int, default=None, help="longest rendered prompt assumed (default: the "
-                    "config's max_prompt_tokens)")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON", help="override a config field")
-    ap.add_argument("--micro-batch", type=int, default=None, help="RL rows per micro-batch (global; default: the "
-                    "config's micro_batch)")
-    ap.add_argument("--sft-micro-batch", type=int, default=None, help="SFT rows per micro-batch (global)")
+                    "spec's data.max_prompt_tokens)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override a spec field (dotted, repeatable): --set rl.micro_batch_size=32")
     args = ap.parse_args(argv)
-    raw = json.loads(Path(args.config).read_text())
-    for item in args.set:
-        key, _, value = item.partition("=")
-        raw[key.strip()] = json.loads(value)
-    model_path = raw.get("model_path")
-    for name in ("model_path", "sft_data", "rl_data", "eval_data"):  # cluster paths: not checked here
-        if raw.get(name) and not Path(str(raw[name])).expanduser().exists():
-            raw[name] = None
-    if isinstance(raw.get("mesh"), dict):
-        raw["mesh"] = MeshConfig(**raw["mesh"])
-    cfg = RecipeConfig(**raw)
-    mesh = cfg.mesh
+    try:
+        spec = load_spec(args.config, sets=args.set)  # paths are the cluster's: not checked here
+    except ValueError as e:
+        ap.error(str(e))
+    mesh = spec.mesh
     devices = args.devices or (mesh.data * mesh.fsdp * mesh.tensor if -1 not in (mesh.data, mesh.fsdp, mesh.tensor)
                                else None)
     if devices is None:
         ap.error("the mesh has a -1 axis: give --devices")
-    if not args.devices and cfg.learner_devices:  # the mesh covers the learner's share of each process's devices
-        devices = devices // cfg.learner_devices * args.devices_per_process
-    if cfg.model_path:
-        model = model_for_recipe(cfg, args.model)
-    else:
-        model = dataclasses.replace(preset(args.model or model_path or ""), dtype=cfg.dtype)
+    if not args.devices and spec.learner.devices:  # the mesh covers the learner's share of each process's devices
+        devices = devices // spec.learner.devices * args.devices_per_process
+    model = model_for_spec(spec, args.model)
     try:
-        inp = from_recipe(cfg, model, devices=devices, devices_per_process=min(args.devices_per_process, devices),
-                          prompt_tokens=args.prompt_tokens)
+        inp = from_spec(spec, model, devices=devices, devices_per_process=min(args.devices_per_process, devices),
+                        prompt_tokens=args.prompt_tokens)
     except ValueError as e:
         ap.error(str(e))
-    inp = dataclasses.replace(inp, rl_micro_rows=args.micro_batch or inp.rl_micro_rows,
-                              sft_micro_rows=args.sft_micro_batch or inp.sft_micro_rows)
-    plan = make_plan(inp, args.device_memory, cfg.memory_fraction)
+    plan = make_plan(inp, args.device_memory, spec.memory_fraction)
     print(plan.table())
     return 0 if plan.fits is not False else 1
 

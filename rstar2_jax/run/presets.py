@@ -7,6 +7,8 @@ preset never holds a value that an override would have to change twice.
   tiny       a seconds-scale run for tests (one engine, 2 problems x 2G = 4 samples, 32-token budget)
   demo       ``make demo`` exactly: experiments/toy_tool_math.py's defaults (a toy policy, on CPU)
   paper_14b  the paper's run (Qwen3-14B-Base, 64 devices): experiments/configs/rstar2_14b.json
+  recipe_dry_run  the recipe's ``--dry-run``: every stage and transition with a tiny scripted policy on
+             CPU in about a minute (thresholds shrunk; the trainer's batches of 8 rows over 8 devices)
 """
 
 from __future__ import annotations
@@ -14,9 +16,12 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Mapping, Sequence
 
+from rstar2_jax.sandbox.limits import SandboxLimits
 from rstar2_jax.utils.config_io import to_plain
 
 _WORKER_PRELOAD = ["numpy", "sympy", "rstar2_jax.rewards.worker"]
+# the recipe's sandbox: 5 s per call, 2 GiB, the verifier's worker module preloaded
+RECIPE_SANDBOX = SandboxLimits(wall_s=5.0, cpu_s=5.0, memory_mb=2048, preload=tuple(_WORKER_PRELOAD))
 
 _DEMO: dict[str, Any] = {
     "model": {"hidden": 64, "layers": 2, "tokenizer": "bpe", "bpe_vocab": 512, "dtype": "float32"},
@@ -58,8 +63,6 @@ _TINY: dict[str, Any] = {
 
 
 def _paper_14b() -> dict[str, Any]:
-    from rstar2_jax.run.recipe import RECIPE_SANDBOX
-
     return {
         "model": {"path": "/models/Qwen3-14B-Base", "dtype": "bfloat16", "tokenizer": "hf"},
         "mesh": {"data": 1, "fsdp": 8, "tensor": 8},
@@ -77,8 +80,32 @@ def _paper_14b() -> dict[str, Any]:
                      "stages": {"stage1_budget": 8192, "stage2_budget": 12288, "stage1_max_steps": 300,
                                 "stage2_max_steps": 150, "stage3_steps": 60, "trunc_target": 0.1, "trunc_tol": 0.03,
                                 "trunc_window": 10, "filter_k": 8, "filter_pool": None}},
-        "checkpoint": {"every": 10},
+        "checkpoint": {"every": 10, "every_sft": 10},
         "memory_fraction": 0.9,
+    }
+
+
+def _recipe_dry_run() -> dict[str, Any]:
+    """The dry run: a random tiny policy whose RL rollouts come from a scripted policy over the real
+    engines (no sampler log-probs: no correction, pi_old recomputed); every stage's thresholds shrunk."""
+    return {
+        "model": {"dtype": "float32", "tokenizer": "byte"},
+        "mesh": {"data": 1, "fsdp": -1, "tensor": 1},
+        "data": {"sft_shards": 2, "max_prompt_tokens": 1024},
+        "sft": {"seq_len": 512, "batch_size": 8, "epochs": 1.0, "optim": {"lr": 1e-3, "warmup_steps": 0}},
+        "rl": {"roc": {"keep_per_group": 2, "mode": "paper"}, "optim": {"lr": 1e-4, "warmup_steps": 0},
+               "temperature": 1.0, "old_logp_source": "recompute", "logprob_chunk_size": 128},
+        "rollout": {"n_samples": 4, "template": "toy", "max_errored": 0, "scripted_policy": True},
+        "engine": {"slots": 8, "kv_memory_gb": 0.01},
+        "placement": {"devices_per_engine": 1, "engines_per_process": None},
+        "sandbox": {"backend": "local", "workers": 1, "limits": to_plain(RECIPE_SANDBOX)},
+        "eval": {"every": 2, "k": 1},
+        "schedule": {"problems_per_step": 4,
+                     "stages": {"stage1_budget": 320, "stage2_budget": 384, "stage1_max_steps": 2,
+                                "stage2_max_steps": 1, "stage3_steps": 1, "trunc_target": 1.0, "trunc_tol": 0.5,
+                                "trunc_window": 1, "filter_k": 2, "filter_pool": 4}},
+        "checkpoint": {"every": 1, "every_sft": 1},
+        "memory_fraction": 0.75,
     }
 
 
@@ -86,6 +113,7 @@ PRESETS: dict[str, Callable[[], dict[str, Any]]] = {
     "tiny": lambda: copy.deepcopy(_TINY),
     "demo": lambda: copy.deepcopy(_DEMO),
     "paper_14b": _paper_14b,
+    "recipe_dry_run": _recipe_dry_run,
 }
 
 

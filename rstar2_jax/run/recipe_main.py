@@ -1,19 +1,21 @@
 """The rStar2-Agent recipe's run: non-reasoning SFT -> RL stage 1 (8K) -> stage 2 (12K) -> filter -> stage 3.
 
-Its command line is ``experiments/rstar2_recipe.py`` (:func:`main`); the schedule's configuration and
-decisions are ``run.recipe``.
+Its command line is ``experiments/rstar2_recipe.py`` (:func:`main`); the schedule's decisions are
+``run.recipe``. The run is configured by one ``run.spec.RunSpec``: ``--config FILE`` (JSON or YAML) and
+dotted ``--set FIELD=VALUE`` overrides; the resolved spec is saved whole as ``<out>/run_spec.json``
+and ``--resume`` reads it back as the base.
 
 Full scale: ``python experiments/rstar2_recipe.py --config experiments/configs/rstar2_14b.json``
-(local Qwen3-14B-Base directory, chat SFT data and RL problems given by path in the config).
-``--dry-run`` runs every stage and every transition with a tiny random policy on CPU (thresholds
-shrunk: see ``RecipeConfig.dry_run``; the trainer on one device, the engines over every local device,
+(local Qwen3-14B-Base directory, chat SFT data and RL problems given by path in the spec).
+``--dry-run`` runs every stage and every transition with a tiny random policy on CPU (the preset
+``recipe_dry_run``, thresholds shrunk; the trainer on one device, the engines over every local device,
 tensor-parallel 2 on an even device count: 4 x 2 with ``XLA_FLAGS=--xla_force_host_platform_device_count=8``). Engines: ``--engines`` per process x ``--devices-per-engine`` (the TP
 degree), laid over the local devices; the run prints the placement table and a ``placement:`` line. A random policy never earns a reward, so RoC would drop every
 group and no update would run: in the dry-run the RL rollouts come from a ``ScriptedPolicy`` over the
 real paged engines (even samples answer right, odd ones wrong, after a real tool call), so every RL
 stage updates for real. The same learner, rollout service, engines, dispatcher, sandbox and verifier
 as the toy demo (one long-lived ``Rollout`` and ``Learner`` for the whole run). Checkpoints (orbax,
-atomic) every ``ckpt_every`` steps and at every transition; ``--resume`` continues from the latest one.
+atomic) every ``checkpoint.every`` steps and at every transition; ``--resume`` continues from the latest one.
 """
 
 from __future__ import annotations
@@ -30,69 +32,67 @@ from flax import nnx
 from rstar2_jax import distributed
 from rstar2_jax.data.chat import render_records, validate_record
 from rstar2_jax.data.datasets import iter_jsonl, load_dataset, write_jsonl
-from rstar2_jax.eval import EvalConfig
-from rstar2_jax.train.learner import LearnerConfig
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.rewards import RewardFn
-from rstar2_jax.rl import OptimConfig
 from rstar2_jax.rl.checkpoint import abstract_train_state
-from rstar2_jax.rollout.dispatcher import RolloutConfig
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.template import TemplateConfig, render_prompt
 from rstar2_jax.run.driver import Parts, RunConfig, SFTPart, rl_rows, run, write_plots
-from rstar2_jax.run.plan import load_recipe
-from rstar2_jax.run.recipe import STAGES, RecipeConfig, RecipeSchedule
+from rstar2_jax.run.plan import check_spec
+from rstar2_jax.run.recipe import STAGES, RecipeSchedule, trainer_devices
 from rstar2_jax.run.resume import ResumeError
 from rstar2_jax.run.scripted import mixed_script
-from rstar2_jax.sampling import Greedy, PagedEngine, Temperature
+from rstar2_jax.run.spec import SPEC_FILE, RunSpec, load_spec, parse_sets
+from rstar2_jax.sampling import PagedEngine
 from rstar2_jax.deploy.placement import plan_placement
 from rstar2_jax.testing.scripted import ScriptedPolicy
 from rstar2_jax.deploy.weight_sync import WeightSync
 from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.sandbox.check import check_pool
-from rstar2_jax.train.sft import SFTConfig, shard_owner
+from rstar2_jax.train.sft import shard_owner
 from rstar2_jax.text.tokenizer import ByteTokenizer, HFTokenizer
+from rstar2_jax.utils.config_io import to_plain
+
+# the run-control flags that set one spec field (each is also a --set)
+FLAG_FIELDS = {"engines": "placement.engines_per_process", "devices_per_engine": "placement.devices_per_engine",
+               "engine_weight_dtype": "placement.weight_dtype", "sandbox_backend": "sandbox.backend",
+               "ray_address": "sandbox.ray_address", "seed": "seed"}
+_PATHS = {"model.path": "directory", "data.sft_data": "file", "data.rl_data": "file", "data.eval_data": "file"}
 
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", help="JSON RecipeConfig (see experiments/configs/)")
-    ap.add_argument("--dry-run", action="store_true", help="tiny random policy on CPU, every stage")
+    ap.add_argument("--config", help="a RunSpec file, JSON or YAML (see experiments/configs/)")
+    ap.add_argument("--dry-run", action="store_true", help="tiny random policy on CPU, every stage (the preset "
+                    "recipe_dry_run under --config and --set)")
     ap.add_argument("--out", default="runs/rstar2_recipe")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out; refuses "
-                    "(non-zero exit, nothing written) when none restores or the configuration differs")
-    ap.add_argument("--allow-changed", default="", help="--resume: config fields allowed to differ, comma-separated "
-                    "(e.g. ckpt_every,eval_every)")
-    ap.add_argument("--set", action="append", default=[], metavar="FIELD=JSON",
-                    help="override one config field (repeatable), e.g. --set stage1_max_steps=1 --set eval_every=null; a "
-                    "dotted field changes one field of a component: --set loss.kind=gspo --set engine.page_size=32")
+    ap.add_argument("--seed", type=int, default=None, help="the run's seed (spec field seed)")
+    ap.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in --out, its "
+                    "run_spec.json as the base; refuses (non-zero exit, nothing written) when none restores or the "
+                    "spec differs")
+    ap.add_argument("--allow-changed", default="", help="--resume: spec fields allowed to differ, dotted, "
+                    "comma-separated (e.g. checkpoint.every,eval.every)")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="override one spec field (dotted, repeatable), e.g. --set schedule.stages.stage1_max_steps=1 "
+                    "--set eval.every=null --set rl.loss.kind=gspo --set engine.page_size=32")
     ap.add_argument("--log", default="", help="extra metrics sinks besides metrics.jsonl: tensorboard, wandb")
     ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--engines", type=int, default=None, help="engines per process (default: the config's; "
-                    "null there = local devices // devices-per-engine)")
-    ap.add_argument("--devices-per-engine", type=int, default=None, help="tensor-parallel degree of each engine")
-    ap.add_argument("--engine-weight-dtype", default=None, help="e.g. bfloat16: the engines' copy of the weights")
+    ap.add_argument("--engines", type=int, default=None, help="engines per process (placement.engines_per_process; "
+                    "null = local devices // devices-per-engine)")
+    ap.add_argument("--devices-per-engine", type=int, default=None, help="tensor-parallel degree of each engine "
+                    "(placement.devices_per_engine)")
+    ap.add_argument("--engine-weight-dtype", default=None, help="e.g. bfloat16: the engines' copy of the weights "
+                    "(placement.weight_dtype)")
     ap.add_argument("--sandbox-backend", default=None, choices=("local", "ray"),
-                    help="override the config's sandbox_backend (ray: one sandbox actor per Ray node)")
-    ap.add_argument("--ray-address", default=None, help="override the config's ray_address")
+                    help="sandbox.backend (ray: one sandbox actor per Ray node)")
+    ap.add_argument("--ray-address", default=None, help="sandbox.ray_address")
     ap.add_argument("--allow-weaker-sandbox", action="store_true",
-                    help="run even when the sandbox's isolation is weaker than the config's sandbox fields ask for "
+                    help="run even when the sandbox's isolation is weaker than the spec's sandbox.limits ask for "
                     "(namespaces, network, private_root, seccomp, uid_range): a warning instead of a config error")
     args = ap.parse_args(argv)
-    if not args.dry_run and not args.config:
+    if not args.dry_run and not args.config and not (args.resume and (Path(args.out) / SPEC_FILE).exists()):
         ap.error("give --config PATH (full scale) or --dry-run")
-    sets = {}
-    for item in args.set:
-        key, eq, value = item.partition("=")
-        if not eq:
-            ap.error(f"--set {item!r}: expected FIELD=JSON")
-        try:
-            sets[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            sets[key.strip()] = value  # a bare string
-    args.set = sets
     args.allow_changed = tuple(x.strip() for x in args.allow_changed.split(",") if x.strip())
     args.log = tuple(x.strip() for x in args.log.split(",") if x.strip())
     return args
@@ -122,59 +122,81 @@ def dry_run_data(out: Path, pool, seed: int) -> tuple[str, str, str]:
     return tuple(str(p) for p in paths)
 
 
-def check_prompts(problems, path: str, tok, tpl, max_prompt_tokens: int) -> int:
+def check_prompts(problems, path: str, tok, tpl, max_prompt_tokens: int | None) -> int:
     """The longest rendered prompt (system prompt and template included) of ``problems``; a config error
-    naming the file, the record and its length when one is longer than the plan's ``max_prompt_tokens``."""
+    naming the file, the record and its length when one is longer than the plan's ``max_prompt_tokens``
+    (the spec's ``data.max_prompt_tokens``; None: no limit)."""
     longest = 0
     for i, p in enumerate(problems):
         n = len(tok.encode(render_prompt(p.problem, tpl)))
-        if n > max_prompt_tokens:
+        if max_prompt_tokens is not None and n > max_prompt_tokens:
             raise SystemExit(f"config error: {path}: problem {i + 1} (id {p.id!r}) renders to a {n}-token prompt, "
-                             f"more than max_prompt_tokens = {max_prompt_tokens} (the memory plan's assumption; raise "
+                             f"more than data.max_prompt_tokens = {max_prompt_tokens} (the memory plan's assumption; raise "
                              f"it, re-plan with python -m rstar2_jax.run.plan, or drop the problem)")
         longest = max(longest, n)
     return longest
 
 
-def load_config(args) -> RecipeConfig:
-    """The config, every field checked before anything loads (errors name the field and the file)."""
-    overrides = {k: v for k, v in (("engines", args.engines), ("devices_per_engine", args.devices_per_engine),
-                                   ("engine_weight_dtype", args.engine_weight_dtype),
-                                   ("sandbox_backend", args.sandbox_backend), ("ray_address", args.ray_address))
-                 if v is not None}
+def check_paths(spec: RunSpec, where: str) -> None:
+    """A full run's model and data: the model directory and the SFT and RL files given, every given path
+    present; errors name the file and the dotted field."""
+    values = {"model.path": spec.model.path, **{f"data.{k}": v for k, v in spec.data.paths().items()}}
+    for key, kind in _PATHS.items():
+        v = values[key]
+        if v in (None, ""):
+            if key != "data.eval_data":
+                raise ValueError(f"{where}: {key} is required (a local {kind}; see experiments/configs/rstar2_14b.json)")
+            continue
+        p = Path(str(v)).expanduser()
+        if not (p.is_dir() if kind == "directory" else p.is_file()):
+            raise ValueError(f"{where}: {key}: {kind} not found: {p}")
+
+
+def load_config(args) -> RunSpec:
+    """The run's spec (``--config`` over the dry-run preset with ``--dry-run``; with ``--resume`` and no
+    ``--config``, ``<out>/run_spec.json``), the flags and ``--set`` over it, every field checked before
+    anything loads; a full run's paths and its memory plan too (errors name the field and the file)."""
+    sets = {FLAG_FIELDS[k]: getattr(args, k) for k in FLAG_FIELDS if getattr(args, k) is not None}
     if args.dry_run and args.devices_per_engine is None and jax.local_device_count() % 2 == 0:
-        overrides["devices_per_engine"] = 2  # the dry-run's engines are tensor-parallel where they can be
-    known = {f.name for f in dataclasses.fields(RecipeConfig)}
-    unknown = sorted(k for k in args.set if k.split(".")[0] not in known)
-    if unknown:
-        raise SystemExit(f"config error: --set {unknown[0]}: unknown field (known: {sorted(known)})")
-    overrides.update(args.set)
+        sets["placement.devices_per_engine"] = 2  # the dry-run's engines are tensor-parallel where they can be
     try:
-        return RecipeConfig.dry_run(**overrides) if args.dry_run else load_recipe(args.config, **overrides)
+        sets.update(parse_sets(args.set))
+        saved = Path(args.out) / SPEC_FILE
+        path = saved if args.resume and args.config is None and saved.exists() else args.config
+        spec = load_spec(path, sets=sets, default_preset="recipe_dry_run" if args.dry_run else None)
+        where = str(path) if path is not None else "--set"
+        if spec.schedule.stages is None:
+            raise ValueError(f"{where}: schedule.stages is required (the recipe's RL stages)")
+        if not args.dry_run:
+            check_paths(spec, where)
+            check_spec(spec, where=where)  # a run that cannot fit its devices is refused, with the table
     except ValueError as e:
         raise SystemExit(f"config error: {e}") from None
+    return spec
 
 
-def check_devices(cfg: RecipeConfig) -> tuple[int, int, int]:
+def check_devices(spec: RunSpec) -> tuple[int, int, int]:
     """The mesh against the global device count (every process's), the SFT shards against the process
     count; errors name the numbers."""
     p = jax.process_count()
+    split = spec.learner.devices
     try:
-        trainer, _ = cfg.trainer_devices(jax.devices(), jax.local_devices())
+        trainer, _ = trainer_devices(split, jax.devices(), jax.local_devices())
     except ValueError as e:
         raise SystemExit(f"config error: {e}") from None
-    n, split = len(trainer), cfg.learner_devices
+    n = len(trainer)
     try:
-        shape = cfg.mesh.shape(n)
+        shape = spec.mesh.shape(n)
     except ValueError as e:
-        raise SystemExit(f"config error: mesh {dataclasses.asdict(cfg.mesh)} does not fit this run's {n} "
+        raise SystemExit(f"config error: mesh {dataclasses.asdict(spec.mesh)} does not fit this run's {n} "
                          f"{'devices' if split is None else 'learner devices'} ({p} processes x "
                          f"{jax.local_device_count() if split is None else split} local): {e}") from None
-    shards = cfg.sft_shards or p
+    shards = spec.data.sft_shards or p
     if shards % p:
-        raise SystemExit(f"config error: sft_shards = {shards} is not a multiple of the {p} processes")
-    if cfg.problems_per_step % p:
-        raise SystemExit(f"config error: problems_per_step = {cfg.problems_per_step} does not split over {p} processes")
+        raise SystemExit(f"config error: data.sft_shards = {shards} is not a multiple of the {p} processes")
+    if spec.schedule.problems_per_step % p:
+        raise SystemExit(f"config error: schedule.problems_per_step = {spec.schedule.problems_per_step} does not "
+                         f"split over {p} processes")
     return shape
 
 
@@ -204,52 +226,51 @@ def check_sandbox(pool, limits, *, allow_weaker: bool = False) -> str:
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     distributed.initialize()  # every process runs this script; a no-op for one process
-    cfg = load_config(args)
-    shape = check_devices(cfg)
-    trainer_devices, engine_devices = cfg.trainer_devices(jax.devices(), jax.local_devices())
+    spec = load_config(args)
+    shape = check_devices(spec)
+    trainer_devs, engine_devices = trainer_devices(spec.learner.devices, jax.devices(), jax.local_devices())
     try:  # the engines' placement over this process's devices, before anything loads (the HF config only)
-        plan_placement(cfg.placement(), ModelConfig.tiny(vocab_size=ByteTokenizer().vocab_size) if args.dry_run
-                       else ModelConfig.from_hf(cfg.model_path), engine_devices)
+        plan_placement(spec.placement, ModelConfig.tiny(vocab_size=ByteTokenizer().vocab_size) if args.dry_run
+                       else ModelConfig.from_hf(spec.model.path), engine_devices)
     except ValueError as e:
         raise SystemExit(f"config error: {e} ({jax.process_count()} processes x {jax.local_device_count()} "
                          f"local devices)") from None
     out = Path(args.out)
     show = not args.no_progress and distributed.is_main_process()
-    tpl = TemplateConfig.toy(report_exec_time=False) if args.dry_run or cfg.template == "toy" else TemplateConfig()
-    with open_pool(cfg.sandbox_backend, workers=cfg.sandbox_workers, limits=cfg.sandbox,
-                   ray_address=cfg.ray_address) as pool:
-        check_sandbox(pool, cfg.sandbox, allow_weaker=args.allow_weaker_sandbox)  # before anything is written
-        sft_path, rl_path, eval_path = dry_run_data(out, pool, args.seed) if args.dry_run else (
-            cfg.sft_data, cfg.rl_data, cfg.eval_data)
+    tpl = spec.template()
+    sb = spec.sandbox
+    with open_pool(sb.backend, workers=sb.workers, limits=sb.limits, ray_address=sb.ray_address) as pool:
+        check_sandbox(pool, sb.limits, allow_weaker=args.allow_weaker_sandbox)  # before anything is written
+        sft_path, rl_path, eval_path = dry_run_data(out, pool, spec.seed) if args.dry_run else (
+            spec.data.sft_data, spec.data.rl_data, spec.data.eval_data)
         # the data, before the model: every problem file whole, this process's SFT shards
         problems = load_dataset(rl_path)
         eval_problems = load_dataset(eval_path) if eval_path else None
-        shards = cfg.sft_shards or jax.process_count()
+        shards = spec.data.sft_shards or jax.process_count()
         mine = shard_owner(shards, jax.process_count(), jax.process_index())
         records = {s: [validate_record(obj, path=sft_path, line=line, template_cfg=tpl)
                        for line, obj in iter_jsonl(sft_path, shard=(s, shards))] for s in mine}
-        mesh = make_mesh(cfg.mesh, trainer_devices)
+        mesh = make_mesh(spec.mesh, trainer_devs)
         if args.dry_run:
             tok = ByteTokenizer()
             mcfg = ModelConfig.tiny(vocab_size=tok.vocab_size)
-            graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(args.seed)))
+            graphdef, params = split_policy(Qwen3(mcfg, rngs=nnx.Rngs(spec.seed)))
             params = distributed.global_params(params, mesh)
         else:
             from rstar2_jax.model.hf_io import load_hf
-            graphdef, params, mcfg = load_hf(cfg.model_path, mesh=mesh, dtype=cfg.dtype)
-            tok = HFTokenizer(cfg.model_path)
+            graphdef, params, mcfg = load_hf(spec.model.path, mesh=mesh, dtype=spec.model.dtype)
+            tok = HFTokenizer(spec.model.path)
         reward_fn = RewardFn(pool=pool).batch
-        rl_cfg = cfg.rl_config()
         # the longest rendered prompt (system prompt and template included; at most the plan's
-        # max_prompt_tokens, else a config error naming the record) + slack
-        longest = max(check_prompts(ps, path, tok, tpl, cfg.max_prompt_tokens)
+        # data.max_prompt_tokens, else a config error naming the record) + slack
+        limit = spec.data.max_prompt_tokens
+        longest = max(check_prompts(ps, path, tok, tpl, limit)
                       for ps, path in ((problems, rl_path), (eval_problems or [], eval_path)))
-        max_prompt = min(longest + 64, cfg.max_prompt_tokens)
-        seq_len = max_prompt + max(cfg.stage2_budget, cfg.eval_budget or 0)
+        seq_len = spec.seq_len(longest + 64 if limit is None else min(longest + 64, limit))
 
         def make_rollout(params):
-            ecfg = cfg.engine_config(seq_len)
-            placement = plan_placement(cfg.placement(), mcfg, engine_devices)
+            ecfg = spec.engine_config(seq_len)
+            placement = plan_placement(spec.placement, mcfg, engine_devices)
             if distributed.is_main_process():
                 print(placement.table())
             print(placement.line(), flush=True)
@@ -258,35 +279,25 @@ def main(argv: list[str] | None = None) -> dict:
                        for p, lay in zip(placed, placement.layouts)]
             for e in engines:  # each engine's executables are tied to its devices: compile them all once, now
                 e.warmup()
-            if args.dry_run:  # see the module docstring: a random policy earns no reward
+            if spec.rollout.scripted_policy:  # the dry run (see the module docstring): a random policy earns no reward
                 # the first problem is solved by every sample: RoC drops its groups, the filter drops it
                 script = mixed_script([*problems, *(eval_problems or [])], tok, tpl, solved={problems[0].id})
                 engines = [ScriptedPolicy(e, script) for e in engines]
-            return Rollout(engines, pool, tok, RolloutConfig(
-                n_samples=cfg.samples_per_problem, budget=cfg.stage1_budget, template=tpl,
-                sampler=Temperature(temperature=cfg.temperature), admission=cfg.admission,
-                max_errored=cfg.max_errored)), engines
+            return Rollout(engines, pool, tok, spec.rollout_config(tpl)), engines
 
-        scfg = SFTConfig(seq_len=cfg.sft_seq_len, batch_size=cfg.sft_batch, epochs=cfg.sft_epochs,
-                         micro_batch_size=cfg.sft_micro_batch,
-                         optim=OptimConfig(lr=cfg.sft_lr, warmup_steps=min(cfg.warmup_steps, 20)))
         parts = Parts(
-            graphdef=graphdef, params=params, mesh=mesh, rl=rl_cfg, pad_id=tok.pad_id,
-            learner=LearnerConfig(rl=rl_cfg, seq_len=seq_len, rows=cfg.problems_per_step * cfg.group),
+            graphdef=graphdef, params=params, mesh=mesh, rl=spec.rl, pad_id=tok.pad_id,
+            learner=spec.learner_config(seq_len),
             make_rollout=make_rollout, pool=pool, tokenizer=tok, reward_fn=reward_fn,
-            schedule=RecipeSchedule(cfg=cfg, problems_list=problems, template=tpl),
-            sft=SFTPart(cfg=scfg, shards=shards, ckpt_every=cfg.ckpt_every,
+            schedule=RecipeSchedule(spec=spec, problems_list=problems, template=tpl),
+            sft=SFTPart(cfg=spec.sft, shards=shards, ckpt_every=spec.checkpoint.every_sft,
                         load_shard=lambda s: render_records(records[s], tok, tpl)),
-            eval_problems=eval_problems,
-            eval_cfg=EvalConfig(k=cfg.eval_k, sampler=Greedy() if cfg.eval_k == 1 else Temperature(
-                temperature=cfg.temperature), budget=cfg.eval_budget or cfg.stage2_budget, template=tpl),
-            async_rl=cfg.async_rl)
-        run_cfg = {**cfg.to_json(), "seed": args.seed, "dry_run": args.dry_run}
-        rc = RunConfig(out=out, seed=args.seed, ckpt_every=cfg.ckpt_every, eval_every=cfg.eval_every,
+            eval_problems=eval_problems, eval_cfg=spec.eval_config(tpl), async_rl=spec.async_rl)
+        plain = to_plain(spec)
+        rc = RunConfig(out=out, seed=spec.seed, ckpt_every=spec.checkpoint.every, eval_every=spec.eval.every,
                        resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
-                       run_config=run_cfg, show_progress=show,
-                       files={"recipe_config.json": json.dumps(run_cfg, indent=2, default=str)})
-        abstract = abstract_train_state(params, rl_cfg, mesh)
+                       run_config=plain, show_progress=show, files={SPEC_FILE: json.dumps(plain, indent=2)})
+        abstract = abstract_train_state(params, spec.rl, mesh)
         del params  # handed over to the run (Parts.params), which drops it once SFT has started from it
         try:
             res = run(parts, rc, abstract)

@@ -1,16 +1,16 @@
 """Nested frozen-dataclass configs from JSON: typed, with errors that name the dotted field (no JAX).
 
-A run config holds component configs (``LossConfig``, ``EngineOptions``, ``SandboxLimits``, ...). In a
+A run spec (``run.spec.RunSpec``) holds component configs (``LossConfig``, ``EngineSpec``, ``SandboxLimits``, ...). In a
 JSON file each is an object; :func:`build` turns it into the dataclass, checking every key against the
 dataclass's fields and every value against the field's annotation before the component's own
 ``__post_init__`` checks ranges:
 
-    build(LossConfig, {"kind": "gspo", "eps_high": 0.28}, where="RecipeConfig.loss")
+    build(LossConfig, {"kind": "gspo", "eps_high": 0.28}, where="RunSpec.rl.loss")
 
 Unknown keys, wrong types and the component's own ``ValueError`` all come back as ``ValueError``
-prefixed with the dotted field (``RecipeConfig.loss.kind: ...``). :func:`to_plain` is the inverse
+prefixed with the dotted field (``RunSpec.rl.loss.kind: ...``). :func:`to_plain` is the inverse
 (enums as their values, tuples as lists), and :func:`set_dotted` applies a command line's
-``--set loss.kind=gspo`` to the raw JSON before anything is built.
+``--set rl.loss.kind=gspo`` to the raw JSON before anything is built.
 """
 
 from __future__ import annotations

@@ -176,18 +176,22 @@ def test_correction_config_validation_and_default_off():
 
 
 def test_async_runs_default_to_truncated_token_is():
-    """RecipeConfig.correction null (the default): off when synchronous, ASYNC_CORRECTION (token TIS, C = 2)
-    when max_staleness > 0 with π_old recomputed; an explicit component, {} included, wins (docs/design.md §5.1)."""
+    """A spec's rl.correction left out: off when synchronous, ASYNC_CORRECTION (token TIS, C = 2) when
+    async_rl.max_staleness > 0 with π_old recomputed; a given field wins (docs/design.md §5.1)."""
     from rstar2_jax.rl.config import ASYNC_CORRECTION
-    from rstar2_jax.run.recipe import RecipeConfig
+    from rstar2_jax.run.presets import paper_14b
+    from rstar2_jax.run.spec import load_spec, spec_from_raw
+    from rstar2_jax.utils.config_io import to_plain
 
     assert (ASYNC_CORRECTION.is_level, ASYNC_CORRECTION.is_cap, ASYNC_CORRECTION.mask_level) == ("token", 2.0, "none")
-    assert RecipeConfig().correction is None and not RecipeConfig().rl_config().correction.enabled
-    assert RecipeConfig(max_staleness=1).rl_config().correction == ASYNC_CORRECTION
-    assert not RecipeConfig(max_staleness=1, old_logp_source="sampler").rl_config().correction.enabled
-    assert not RecipeConfig(max_staleness=1, correction={}).rl_config().correction.enabled  # the user's choice
-    geo = RecipeConfig(max_staleness=2, correction={"mask_level": "geometric"}).rl_config().correction
+    assert not paper_14b().rl.correction.enabled
+    k1 = {"async_rl.max_staleness": 1}
+    assert paper_14b(k1).rl.correction == ASYNC_CORRECTION
+    assert not paper_14b({**k1, "rl.old_logp_source": "sampler"}).rl.correction.enabled
+    assert not paper_14b({**k1, "rl.correction.is_level": "none"}).rl.correction.enabled  # the user's choice
+    geo = paper_14b({"async_rl.max_staleness": 2, "rl.correction.mask_level": "geometric"}).rl.correction
     assert (geo.is_level, geo.mask_level) == ("none", "geometric")
-    cfg = RecipeConfig(max_staleness=1)
-    assert RecipeConfig.from_saved(cfg.to_json()).rl_config().correction == ASYNC_CORRECTION  # null round-trips
-    assert not RecipeConfig.dry_run(max_staleness=1).rl_config().correction.enabled  # scripted: nothing to correct
+    spec = paper_14b(k1)
+    assert spec_from_raw(to_plain(spec)).rl.correction == ASYNC_CORRECTION  # the saved spec reads back
+    dry = load_spec(preset="recipe_dry_run", sets=k1)
+    assert not dry.rl.correction.enabled  # scripted: nothing to correct

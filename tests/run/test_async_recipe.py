@@ -15,7 +15,7 @@ def test_two_processes_async_run_the_recipe_like_one(tmp_path):
     resharding) run on the main thread in step order."""
     from tests.run.test_recipe_multiprocess import _assert_rows_equal, _final, _launch, _rows, _wait
 
-    extra = ("--set", "max_staleness=1", "--set", "ckpt_every=5", "--set", "eval_every=null")
+    extra = ("--set", "async_rl.max_staleness=1", "--set", "checkpoint.every=5", "--set", "eval.every=null")
     cache = tmp_path / "jax_cache"
     one, two = tmp_path / "one", tmp_path / "two"
     _wait(_launch(one, 1, cache, extra) + _launch(two, 2, cache, extra), timeout_s=2000)

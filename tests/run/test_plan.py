@@ -9,9 +9,10 @@ import pytest
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.presets import PRESETS, preset
 from rstar2_jax.run.plan import (DEVICE_MEMORY_ENV, GB, MARGIN, MEM_FRACTION_ENV, NONE_FACTOR, PASS_FACTOR, SHIPPED,
-                                 PlanInput, check_memory_fraction, load_recipe, make_plan, param_counts)
+                                 PlanInput, check_memory_fraction, check_spec, from_spec, make_plan, param_counts)
 from rstar2_jax.run.plan import main as plan_main
-from rstar2_jax.run.recipe import RecipeConfig
+from rstar2_jax.run.presets import paper_14b
+from rstar2_jax.run.spec import load_spec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -145,57 +146,61 @@ def test_new_rows_by_hand_on_a_tiny_config():
         total * 4 / 2 + 128 * 64 * 4 / 2)
 
 
-def test_from_recipe_reads_the_recipe_fields():
-    import dataclasses
-
-    from rstar2_jax.model.config import MeshConfig
-    from rstar2_jax.rl.config import LossConfig
-    from rstar2_jax.run.plan import from_recipe
-
-    cfg = RecipeConfig(mesh=MeshConfig(data=1, fsdp=8, tensor=1), engines=1, devices_per_engine=8,
-                       max_prompt_tokens=2048, max_staleness=2)
+def test_from_spec_reads_the_spec_fields():
+    sets = {"mesh": {"data": 1, "fsdp": 8, "tensor": 1}, "placement.engines_per_process": 1,
+            "placement.devices_per_engine": 8, "data.max_prompt_tokens": 2048, "async_rl.max_staleness": 2}
+    spec = paper_14b(sets)
     m = PRESETS["Qwen3-0.6B"]
-    inp = from_recipe(cfg, m, devices=8, devices_per_process=8)
+    inp = from_spec(spec, m, devices=8, devices_per_process=8)
     assert inp.rl_seq_len == 2048 + 12288 and inp.snapshot_lookahead == 2 and not inp.reference_copy
-    assert inp.old_logp_recompute
-    assert from_recipe(cfg, m, devices=8, devices_per_process=8, prompt_tokens=512).rl_seq_len == 12800
-    # the KL coefficient, read from a loss field if the config has one (the LossConfig or its JSON object)
-    with_loss = type("C", (), {**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)},
-                               "placement": cfg.placement, "loss": LossConfig(kl_coef=0.1)})()
-    assert from_recipe(with_loss, m, devices=8, devices_per_process=8).reference_copy
-    with_loss.loss = {"kl_coef": 0.0}
-    assert not from_recipe(with_loss, m, devices=8, devices_per_process=8).reference_copy
+    assert inp.old_logp_recompute and (inp.rl_rows, inp.rl_micro_rows, inp.rl_chunk) == (2048, 64, 128)
+    assert (inp.sft_rows, inp.sft_micro_rows, inp.sft_seq_len, inp.sft_chunk) == (64, None, 8192, 256)
+    assert from_spec(spec, m, devices=8, devices_per_process=8, prompt_tokens=512).rl_seq_len == 12800
+    # the KL coefficient: a frozen pi_ref beside the policy
+    assert from_spec(paper_14b({**sets, "rl.loss.kl_coef": 0.1}), m, devices=8, devices_per_process=8).reference_copy
     # a mesh or engines that do not match the devices: errors naming the numbers
     with pytest.raises(ValueError, match=r"mesh \(data 1, fsdp 8, tensor 1\) does not match the run's 16 devices "
                                          r"\(2 processes x 8\).*= 8 != number of devices 16"):
-        from_recipe(cfg, m, devices=16, devices_per_process=8)
+        from_spec(spec, m, devices=16, devices_per_process=8)
     with pytest.raises(ValueError, match=r"1 engines per process x 8 devices per engine = 8 devices, but a process "
                                          r"has 4"):
-        from_recipe(cfg, m, devices=8, devices_per_process=4)
+        from_spec(spec, m, devices=8, devices_per_process=4)
 
 
 def _recipe_config(tmp_path, model: ModelConfig, **changes) -> Path:
+    """rstar2_14b.json with a local model directory (its config.json) and data files; ``changes``: dotted."""
+    from rstar2_jax.utils.config_io import set_dotted
+
     raw = json.loads((REPO / "experiments/configs/rstar2_14b.json").read_text())
     model_dir = tmp_path / "model"
     model_dir.mkdir(exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(model.to_hf()))
     for name in ("sft.jsonl", "rl.jsonl"):
         (tmp_path / name).write_text("")
-    raw.update(model_path=str(model_dir), sft_data=str(tmp_path / "sft.jsonl"), rl_data=str(tmp_path / "rl.jsonl"),
-               eval_data=None, mesh={"data": 1, "fsdp": -1, "tensor": 1}, engines=None)
-    raw.update(changes)
+    changes = {"model.path": str(model_dir), "data.sft_data": str(tmp_path / "sft.jsonl"),
+               "data.rl_data": str(tmp_path / "rl.jsonl"), "data.eval_data": None,
+               "mesh": {"data": 1, "fsdp": -1, "tensor": 1}, "placement.engines_per_process": None, **changes}
+    for key, value in changes.items():
+        set_dotted(raw, key, value)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(raw))
     return path
+
+
+def _load_checked(path: Path, sets=()):
+    """The recipe's start: the spec from its file, then the memory plan on this run's devices."""
+    spec = load_spec(path, sets=sets)
+    check_spec(spec, where=str(path))
+    return spec
 
 
 def test_the_recipe_refuses_a_config_that_does_not_fit(tmp_path, monkeypatch):
     # Qwen3-0.6B's shape on the 8 test devices of 16 GB: the shipped config (a 40 GB K/V pool per engine) cannot fit
     path = _recipe_config(tmp_path, PRESETS["Qwen3-0.6B"])
     monkeypatch.setenv(DEVICE_MEMORY_ENV, "16")  # physical GB; usable = 16 x memory_fraction 0.9 = 14.4
-    assert RecipeConfig.from_json(path)  # reading the config alone plans nothing (asks JAX for no devices)
+    assert load_spec(path)  # reading the spec alone plans nothing (asks JAX for no devices)
     with pytest.raises(ValueError) as e:
-        load_recipe(path)
+        _load_checked(path)
     msg = str(e.value)
     assert msg.startswith(f"{path}: the run does not fit the devices' memory (16.0 GB each, usable 14.4 GB at "
                           "memory_fraction 0.9")
@@ -204,11 +209,12 @@ def test_the_recipe_refuses_a_config_that_does_not_fit(tmp_path, monkeypatch):
                 "largest RL micro-batch that fits"):
         assert row in msg
     # small enough batches and pool: accepted
-    assert load_recipe(path, problems_per_step=8, group=1, samples_per_problem=1, stage2_budget=1024,
-                       stage1_budget=1024, eval_budget=1024, sft_batch=8, sft_seq_len=1024, kv_memory_gb=1.0,
-                       micro_batch=None)
+    assert _load_checked(path, {"schedule.problems_per_step": 8, "rl.roc.keep_per_group": 1, "rollout.n_samples": 1,
+                                "schedule.stages.stage2_budget": 1024, "schedule.stages.stage1_budget": 1024,
+                                "eval.budget": 1024, "sft.batch_size": 8, "sft.seq_len": 1024,
+                                "engine.kv_memory_gb": 1.0, "rl.micro_batch_size": None})
     monkeypatch.delenv(DEVICE_MEMORY_ENV)  # CPU reports no memory limit: no check
-    assert load_recipe(path)
+    assert _load_checked(path)
 
 
 def test_the_recipe_refuses_a_mesh_that_does_not_match_the_devices(tmp_path, monkeypatch):
@@ -216,7 +222,7 @@ def test_the_recipe_refuses_a_mesh_that_does_not_match_the_devices(tmp_path, mon
     monkeypatch.setenv(DEVICE_MEMORY_ENV, "192")
     with pytest.raises(ValueError, match=r"c.json: the mesh \(data 1, fsdp 8, tensor 8\) does not match the run's 8 "
                                          r"devices \(1 processes x 8\): MeshConfig data\*fsdp\*tensor = 64"):
-        load_recipe(path)
+        _load_checked(path)
 
 
 def test_memory_fraction_env_must_match_the_config(tmp_path, monkeypatch):
@@ -237,7 +243,11 @@ def test_memory_fraction_env_must_match_the_config(tmp_path, monkeypatch):
     monkeypatch.setattr(plan_mod, "_backend", lambda: "gpu")
     monkeypatch.setenv(MEM_FRACTION_ENV, "0.5")
     with pytest.raises(ValueError, match=rf"c.json: {MEM_FRACTION_ENV}=0.5 but the config's memory_fraction is 0.9"):
-        load_recipe(path)
+        _load_checked(path)
+
+
+SHIPPED_PEAK_GB = {"rstar2_14b.json": 143.85, "rstar2_14b_8x80gb.json": 67.83, "rstar2_14b_16x80gb.json": 57.72,
+                   "rstar2_8b_8x80gb.json": 61.84}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
@@ -251,18 +261,15 @@ def test_every_shipped_config_fits_its_hardware_with_the_margin(name, capsys):
     assert f"{devices} devices" in out and ": fits" in out
     assert f"device memory {gb:.1f} GB x memory_fraction {raw['memory_fraction']:.2f}" in out
     # the same plan by hand: peak within usable less 5%
-    from rstar2_jax.model.config import MeshConfig
-    from rstar2_jax.run.plan import from_recipe
-
-    cfg = RecipeConfig(**{**raw, "model_path": None, "sft_data": None, "rl_data": None, "eval_data": None,
-                          "mesh": MeshConfig(**raw["mesh"])})
-    inp = from_recipe(cfg, dataclasses.replace(preset(raw["model_path"]), dtype=cfg.dtype), devices=devices,
-                      devices_per_process=min(8, devices))
-    plan = make_plan(inp, gb, cfg.memory_fraction)
-    assert plan.fits and plan.peak <= gb * cfg.memory_fraction * GB * (1 - MARGIN) and plan.margin >= MARGIN
-    assert raw["engine_weight_dtype"] == "bfloat16"
+    spec = load_spec(path)
+    inp = from_spec(spec, dataclasses.replace(preset(raw["model"]["path"]), dtype=spec.model.dtype), devices=devices,
+                    devices_per_process=min(8, devices))
+    plan = make_plan(inp, gb, spec.memory_fraction)
+    assert plan.fits and plan.peak <= gb * spec.memory_fraction * GB * (1 - MARGIN) and plan.margin >= MARGIN
+    assert round(plan.peak / GB, 2) == SHIPPED_PEAK_GB[name]  # the plan's numbers, unchanged
+    assert raw["placement"]["weight_dtype"] == "bfloat16"
     # the paper's RL batch: 128 problems x 16 kept of 32 sampled
-    assert (cfg.problems_per_step, cfg.group, cfg.samples_per_problem) == (128, 16, 32)
+    assert (spec.schedule.problems_per_step, spec.group, spec.rollout.n_samples) == (128, 16, 32)
     # its launch script exports the config's memory fraction (read from the JSON) and preallocation
     script = path.with_suffix(".sbatch" if devices > 8 else ".sh").read_text()
     assert f"CONFIG=experiments/configs/{name}" in script and "XLA_PYTHON_CLIENT_PREALLOCATE=true" in script
@@ -340,10 +347,7 @@ def test_a_learner_engine_split_puts_each_side_on_its_own_devices():
                                          r"has 4 for engines"):
         _tiny_input(devices=8, devices_per_process=8, mesh=(1, 4, 1), engines_per_process=3, devices_per_engine=2,
                     learner_devices_per_process=4)
-    # from a recipe config: the mesh covers the learner's share, the engines default to the rest
-    from rstar2_jax.model.config import MeshConfig
-    from rstar2_jax.run.plan import from_recipe
-
-    cfg = RecipeConfig.dry_run(mesh=MeshConfig(data=1, fsdp=-1, tensor=1), learner_devices=4, devices_per_engine=2)
-    got = from_recipe(cfg, ModelConfig.tiny(), devices=16, devices_per_process=8)
+    # from a run spec: the mesh covers the learner's share, the engines default to the rest
+    spec = load_spec(preset="recipe_dry_run", sets={"learner.devices": 4, "placement.devices_per_engine": 2})
+    got = from_spec(spec, ModelConfig.tiny(), devices=16, devices_per_process=8)
     assert (got.mesh, got.engines_per_process, got.trainer_devices) == ((1, 8, 1), 2, 8)

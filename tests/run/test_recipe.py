@@ -6,8 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from rstar2_jax.run.recipe import RecipeConfig, filter_unsolved, next_stage, truncation_settled
+from rstar2_jax.run.recipe import filter_unsolved, next_stage, truncation_settled
+from rstar2_jax.run.spec import load_spec
+from rstar2_jax.run.spec_parts import StagesSpec
+from rstar2_jax.utils.config_io import set_dotted
 
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_truncation_settled_needs_a_stable_window_near_target():
@@ -19,14 +23,14 @@ def test_truncation_settled_needs_a_stable_window_near_target():
 
 
 def test_stage_transitions():
-    cfg = RecipeConfig.dry_run(stage1_max_steps=5, trunc_target=0.1, trunc_tol=0.01, trunc_window=2)
-    assert next_stage("sft", stage_step=0, cfg=cfg, trunc_history=[]) == "rl_stage1"
-    assert next_stage("rl_stage1", stage_step=1, cfg=cfg, trunc_history=[0.5]) == "rl_stage1"
-    assert next_stage("rl_stage1", stage_step=2, cfg=cfg, trunc_history=[0.1, 0.1]) == "rl_stage2"
-    assert next_stage("rl_stage1", stage_step=5, cfg=cfg, trunc_history=[0.5] * 5) == "rl_stage2"  # max steps
-    assert next_stage("rl_stage2", stage_step=cfg.stage2_max_steps, cfg=cfg, trunc_history=[]) == "filter"
-    assert next_stage("filter", stage_step=0, cfg=cfg, trunc_history=[]) == "rl_stage3"
-    assert next_stage("rl_stage3", stage_step=cfg.stage3_steps, cfg=cfg, trunc_history=[]) == "done"
+    st = StagesSpec(stage1_max_steps=5, trunc_target=0.1, trunc_tol=0.01, trunc_window=2)
+    assert next_stage("sft", stage_step=0, stages=st, trunc_history=[]) == "rl_stage1"
+    assert next_stage("rl_stage1", stage_step=1, stages=st, trunc_history=[0.5]) == "rl_stage1"
+    assert next_stage("rl_stage1", stage_step=2, stages=st, trunc_history=[0.1, 0.1]) == "rl_stage2"
+    assert next_stage("rl_stage1", stage_step=5, stages=st, trunc_history=[0.5] * 5) == "rl_stage2"  # max steps
+    assert next_stage("rl_stage2", stage_step=st.stage2_max_steps, stages=st, trunc_history=[]) == "filter"
+    assert next_stage("filter", stage_step=0, stages=st, trunc_history=[]) == "rl_stage3"
+    assert next_stage("rl_stage3", stage_step=st.stage3_steps, stages=st, trunc_history=[]) == "done"
 
 
 def test_filter_unsolved_keeps_exactly_the_not_always_solved():
@@ -36,68 +40,79 @@ def test_filter_unsolved_keeps_exactly_the_not_always_solved():
 
 
 def _full_config(tmp_path, **changes) -> Path:
-    """The shipped 14B config with its model/data paths pointed at files that exist."""
-    raw = json.loads((Path(__file__).resolve().parents[2] / "experiments/configs/rstar2_14b.json").read_text())
+    """The shipped 14B spec with its model/data paths pointed at files that exist; ``changes``: dotted
+    fields (``**{"rl.loss.kind": "gspo"}``)."""
+    raw = json.loads((ROOT / "experiments/configs/rstar2_14b.json").read_text())
     (tmp_path / "model").mkdir(exist_ok=True)
     for name in ("sft.jsonl", "rl.jsonl", "eval.jsonl"):
         (tmp_path / name).write_text("")
-    raw.update(model_path=str(tmp_path / "model"), sft_data=str(tmp_path / "sft.jsonl"),
-               rl_data=str(tmp_path / "rl.jsonl"), eval_data=str(tmp_path / "eval.jsonl"))
-    raw.update(changes)
+    changes = {"model.path": str(tmp_path / "model"), "data.sft_data": str(tmp_path / "sft.jsonl"),
+               "data.rl_data": str(tmp_path / "rl.jsonl"), "data.eval_data": str(tmp_path / "eval.jsonl"), **changes}
+    for key, value in changes.items():
+        set_dotted(raw, key, value)
     path = tmp_path / "c.json"
     path.write_text(json.dumps(raw))
     return path
 
 
+def _load(path: Path):
+    """The recipe's spec from a file, its paths checked (a full run's start, before the memory plan)."""
+    from rstar2_jax.run.recipe_main import check_paths
+
+    spec = load_spec(path)
+    check_paths(spec, str(path))
+    return spec
+
+
 def test_config_file_errors_name_the_field(tmp_path):
-    (tmp_path / "c.json").write_text(json.dumps({"group": 16, "grup": 3}))
-    with pytest.raises(ValueError, match="unknown field 'grup'"):
-        RecipeConfig.from_json(tmp_path / "c.json")
-    with pytest.raises(ValueError, match="RecipeConfig.group .64. must be <= samples_per_problem"):
-        RecipeConfig(group=64)
-    full = RecipeConfig.from_json(_full_config(tmp_path))
-    assert (full.samples_per_problem, full.group, full.problems_per_step, full.rl_lr) == (32, 16, 128, 1e-6)
-    assert (full.micro_batch, full.sft_micro_batch) == (64, None)  # 32 micro-batches of the 2048 RL rows
+    (tmp_path / "c.json").write_text(json.dumps({"preset": "paper_14b", "rl": {"roc": {"keep_per_group": 16, "keep": 3}}}))
+    with pytest.raises(ValueError, match=r"c.json: rl.roc.keep: unknown field"):
+        load_spec(tmp_path / "c.json")
+    full = _load(_full_config(tmp_path))
+    assert (full.rollout.n_samples, full.group, full.schedule.problems_per_step, full.rl.optim.lr) == (32, 16, 128, 1e-6)
+    assert (full.rl.micro_batch_size, full.sft.micro_batch_size) == (64, None)  # 32 micro-batches of 2048 RL rows
     assert full.mesh.shape(64) == (1, 8, 8)
     # the shipped file names paths of the cluster: here they are missing, and the error says which
-    with pytest.raises(ValueError, match=r"rstar2_14b.json: RecipeConfig.model_path: directory not found"):
-        RecipeConfig.from_json(Path(__file__).resolve().parents[2] / "experiments/configs/rstar2_14b.json")
+    with pytest.raises(ValueError, match=r"rstar2_14b.json: model.path: directory not found"):
+        _load(ROOT / "experiments/configs/rstar2_14b.json")
 
 
 @pytest.mark.parametrize("changes,match", [
-    ({"rl_data": None}, r"c.json: field 'rl_data' is required"),
-    ({"sft_data": ""}, r"c.json: field 'sft_data' is required"),
-    ({"rl_data": "/nonexistent/rl.jsonl"}, r"c.json: RecipeConfig.rl_data: file not found: /nonexistent/rl.jsonl"),
-    ({"eval_data": "/nonexistent/ev.jsonl"}, r"RecipeConfig.eval_data: file not found"),
-    ({"mesh": {"data": 1, "fsdp": 8, "tensr": 8}}, r"c.json: RecipeConfig.mesh: unknown key 'tensr'"),
-    ({"mesh": {"data": 0, "fsdp": 8, "tensor": 8}}, r"c.json: MeshConfig.data must be a positive int or -1"),
-    ({"rl_lr": 0}, r"c.json: RecipeConfig.rl_lr must be a finite number > 0, got 0"),
-    ({"sft_lr": "1e-5"}, r"RecipeConfig.sft_lr must be a finite number > 0, got '1e-5'"),
-    ({"temperature": -1.0}, r"RecipeConfig.temperature must be a finite number > 0"),
-    ({"dtype": "fp8"}, r"RecipeConfig.dtype must be one of .*got 'fp8'"),
-    ({"kv_memory_gb": 0}, r"RecipeConfig.kv_memory_gb must be a finite number > 0"),
-    ({"roc_mode": "best"}, r"RecipeConfig.roc_mode must be one of"),
-    ({"group": True}, r"RecipeConfig.group must be a positive int, got True"),
-    ({"sft_shards": 3}, r"RecipeConfig.sft_batch \(64\) must be a multiple of sft_shards \(3\)"),
-    ({"eval_every": 0}, r"RecipeConfig.eval_every must be a positive int or null"),
-    ({"micro_batch": 48}, r"RecipeConfig.micro_batch \(48\) must divide the RL batch, problems_per_step x group = 2048"),
-    ({"sft_micro_batch": 0}, r"RecipeConfig.sft_micro_batch must be a positive int or null"),
+    ({"data.rl_data": None}, r"c.json: data.rl_data is required"),
+    ({"data.sft_data": ""}, r"c.json: data.sft_data is required"),
+    ({"data.rl_data": "/nonexistent/rl.jsonl"}, r"c.json: data.rl_data: file not found: /nonexistent/rl.jsonl"),
+    ({"data.eval_data": "/nonexistent/ev.jsonl"}, r"c.json: data.eval_data: file not found"),
+    ({"mesh": {"data": 1, "fsdp": 8, "tensr": 8}}, r"c.json: mesh.tensr: unknown field"),
+    ({"mesh": {"data": 0, "fsdp": 8, "tensor": 8}}, r"c.json: mesh: .*data must be a positive int or -1"),
+    ({"rl.optim.lr": 0}, r"c.json: rl.*lr"),
+    ({"sft.optim.lr": "1e-5"}, r"c.json: sft.optim.lr must be a number, got '1e-5'"),
+    ({"rl.temperature": -1.0}, r"c.json: .*temperature"),
+    ({"model.dtype": "fp8"}, r"c.json: model.dtype must be one of .*got 'fp8'"),
+    ({"engine.kv_memory_gb": 0}, r"c.json: engine: EngineSpec.kv_memory_gb must be a finite number > 0"),
+    ({"rl.roc.mode": "best"}, r"c.json: rl.roc.mode must be one of"),
+    ({"rl.roc.keep_per_group": True}, r"c.json: rl.roc.keep_per_group must be an int, got True"),
+    ({"data.sft_shards": 3}, r"c.json: sft.batch_size \(64\) must be a multiple of data.sft_shards \(3\)"),
+    ({"eval.every": 0}, r"c.json: eval: EvalSpec.every must be an int >= 1 or null"),
+    ({"rl.micro_batch_size": 48}, r"c.json: rl.micro_batch_size \(48\) must divide the RL batch, "
+                                  r"schedule.problems_per_step x rl.roc.keep_per_group = 2048"),
+    ({"sft.micro_batch_size": 5}, r"c.json: sft: SFTConfig.batch_size \(64\) must be a multiple of micro_batch_size \(5\)"),
 ])
 def test_every_malformed_config_names_its_field_and_file(tmp_path, changes, match):
     with pytest.raises(ValueError, match=match):
-        RecipeConfig.from_json(_full_config(tmp_path, **changes))
+        _load(_full_config(tmp_path, **changes))
 
 
 @pytest.mark.parametrize("argv,match", [
     (["--set", 'mesh={"data": 1, "fsdp": 16, "tensor": 1}'],
      r"config error: mesh \{'data': 1, 'fsdp': 16, 'tensor': 1\} does not fit this run's 8 devices \(1 processes x 8 "
      r"local\): MeshConfig data\*fsdp\*tensor = 16 != number of devices 8"),
-    (["--set", "sft_shards=3"], r"config error: RecipeConfig.sft_batch \(8\) must be a multiple of sft_shards \(3\)"),
-    (["--set", "grup=3"], r"config error: --set grup: unknown field"),
+    (["--set", "data.sft_shards=3"], r"config error: --set: sft.batch_size \(8\) must be a multiple of data.sft_shards "
+                                     r"\(3\)"),
+    (["--set", "grup=3"], r"config error: --set grup: unknown section"),
     (["--engines", "3", "--devices-per-engine", "4"],
      r"config error: placement: engines_per_process=3 x devices_per_engine=4 = 12 devices, but this process has 8 "
      r"local devices \(1 processes x 8 local devices\)"),
-    (["--set", "rl_lr=-1"], r"config error: RecipeConfig.rl_lr must be a finite number > 0, got -1"),
+    (["--set", "rl.optim.lr=-1"], r"config error: --set: rl.*lr.*-1"),
 ])
 def test_mesh_and_overrides_are_checked_at_start(tmp_path, argv, match):
     from rstar2_jax.run import recipe_main
@@ -108,11 +123,12 @@ def test_mesh_and_overrides_are_checked_at_start(tmp_path, argv, match):
 
 
 def test_config_errors_come_before_anything_loads(tmp_path, capsys):
-    """The script exits on a bad config at start (no model, data or sandbox touched), naming the field."""
+    """The script exits on a bad spec at start (no model, data or sandbox touched), naming the field."""
     from rstar2_jax.run import recipe_main
 
-    with pytest.raises(SystemExit, match=r"config error: .*c.json: field 'rl_data' is required"):
-        recipe_main.main(["--config", str(_full_config(tmp_path, rl_data=None)), "--out", str(tmp_path / "o")])
+    path = _full_config(tmp_path, **{"data.rl_data": None})
+    with pytest.raises(SystemExit, match=r"config error: .*c.json: data.rl_data is required"):
+        recipe_main.main(["--config", str(path), "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
 
 

@@ -61,16 +61,25 @@ def run_dir(tmp_path_factory):
     (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in _records()))
     (root / "rl.jsonl").write_text("".join(json.dumps({"id": i, "problem": p, "answer": a}) + "\n"
                                            for i, p, a in PROBLEMS))
-    cfg = {"model_path": str(model), "sft_data": str(root / "sft.jsonl"), "rl_data": str(root / "rl.jsonl"),
-           "mesh": {"data": 1, "fsdp": 8, "tensor": 1}, "dtype": "float32", "sft_seq_len": 256, "sft_batch": 8,
-           "sft_epochs": 30.0, "sft_lr": 1e-2, "samples_per_problem": 4, "group": 2, "problems_per_step": 4,
-           "rl_lr": 1e-4, "warmup_steps": 0, "stage1_budget": 48, "stage2_budget": 48, "stage1_max_steps": 1,
-           "stage2_max_steps": 1, "stage3_steps": 1, "trunc_target": 1.0, "trunc_tol": 0.5, "trunc_window": 1,
-           "filter_k": 2, "filter_pool": 4, "engines": None, "devices_per_engine": 2, "slots": 8,
-           "kv_memory_gb": 0.01, "sandbox_workers": 1, "ckpt_every": 10, "template": "full",
-           # components: partial objects over the recipe's defaults (the test checks they reach the built objects)
-           "engine": {"page_size": 8}, "sandbox": {"wall_s": 6.0}, "admission": {"prior_weight": 2.0},
-           "loss": {"eps_high": 0.28}}
+    # a RunSpec file; partial sections over their defaults (the test checks they reach the built objects)
+    cfg = {"model": {"path": str(model), "dtype": "float32", "tokenizer": "hf"},
+           "mesh": {"data": 1, "fsdp": 8, "tensor": 1},
+           "data": {"sft_data": str(root / "sft.jsonl"), "rl_data": str(root / "rl.jsonl"), "sft_shards": 8,
+                    "max_prompt_tokens": 1024},
+           "sft": {"seq_len": 256, "batch_size": 8, "epochs": 30.0, "optim": {"lr": 1e-2, "warmup_steps": 0}},
+           "rl": {"roc": {"keep_per_group": 2}, "optim": {"lr": 1e-4, "warmup_steps": 0}, "temperature": 1.0,
+                  "old_logp_source": "recompute", "logprob_chunk_size": 128, "loss": {"eps_high": 0.28}},
+           "rollout": {"n_samples": 4, "template": "full", "admission": {"prior_weight": 2.0}},
+           "engine": {"slots": 8, "kv_memory_gb": 0.01, "page_size": 8},
+           "placement": {"engines_per_process": None, "devices_per_engine": 2},
+           "sandbox": {"workers": 1, "limits": {"wall_s": 6.0, "cpu_s": 5.0, "memory_mb": 2048,
+                                                "preload": ["numpy", "sympy", "rstar2_jax.rewards.worker"]}},
+           "eval": {"every": 50, "k": 1},
+           "schedule": {"problems_per_step": 4,
+                        "stages": {"stage1_budget": 48, "stage2_budget": 48, "stage1_max_steps": 1,
+                                   "stage2_max_steps": 1, "stage3_steps": 1, "trunc_target": 1.0, "trunc_tol": 0.5,
+                                   "trunc_window": 1, "filter_k": 2, "filter_pool": 4}},
+           "checkpoint": {"every": 10, "every_sft": 10}}
     (root / "config.json").write_text(json.dumps(cfg))
     return root
 
@@ -109,7 +118,8 @@ def _record_built(monkeypatch, script) -> dict:
 def test_full_recipe_path_on_an_hf_directory(run_dir, capsys, monkeypatch):
     from rstar2_jax.run import recipe_main
 
-    from rstar2_jax.run.recipe import RecipeConfig
+    from rstar2_jax.run.spec import load_spec
+    from rstar2_jax.utils.config_io import to_plain
 
     built = _record_built(monkeypatch, recipe_main)
 
@@ -119,20 +129,20 @@ def test_full_recipe_path_on_an_hf_directory(run_dir, capsys, monkeypatch):
     assert jax.device_count() == 8
     out = run_dir / "out"
     summary = recipe_main.main(["--config", str(run_dir / "config.json"), "--out", str(out), "--no-progress",
-                                  "--set", "loss.eps_low=0.25", "--set", "engine.prefill_chunk=32"])
+                                  "--set", "rl.loss.eps_low=0.25", "--set", "engine.prefill_chunk=32"])
     # the file's components and the dotted --set overrides reached the objects the run built, the rest of
-    # each component kept the recipe's defaults; the run directory holds the whole config, which reads back
+    # each section kept its defaults; the run directory holds the whole resolved spec, which reads back
     assert [(e.page_size, e.prefill_chunk, e.num_slots) for e in built["engine"]] == [(8, 32, 8)] * 4
     assert (built["limits"].wall_s, built["limits"].memory_mb) == (6.0, 2048)
     assert built["rollout"].admission.prior_weight == 2.0 and built["rollout"].max_errored == 0
     assert (built["rl"].loss.eps_high, built["rl"].loss.eps_low, built["rl"].roc.keep_per_group) == (0.28, 0.25, 2)
     assert built["async_rl"].max_staleness == 0
     assert built["initial"] and built["initial_alive"] == 0  # the driver dropped Parts.params once SFT began
-    saved = json.loads((out / "recipe_config.json").read_text())
-    assert (saved["engine"]["page_size"], saved["engine"]["prefill_chunk"], saved["loss"]["eps_low"]) == (8, 32, 0.25)
-    fields = {k: v for k, v in saved.items() if k not in ("seed", "dry_run")}
-    again = RecipeConfig.from_saved(fields)
-    assert again.to_json() == fields and (again.loss, again.sandbox) == (built["rl"].loss, built["limits"])
+    saved = json.loads((out / "run_spec.json").read_text())
+    assert (saved["engine"]["page_size"], saved["engine"]["prefill_chunk"], saved["rl"]["loss"]["eps_low"]) == (
+        8, 32, 0.25)
+    again = load_spec(out / "run_spec.json")
+    assert to_plain(again) == saved and (again.rl.loss, again.sandbox.limits) == (built["rl"].loss, built["limits"])
     printed = capsys.readouterr().out
     assert "placement: processes = 1, engines = 4, devices_per_engine = 2, devices_used = 8/8" in printed
     assert summary["stages"][:3] == ["sft", "rl_stage1", "rl_stage2"]

@@ -111,12 +111,12 @@ def _final(out: Path) -> tuple[dict, list[np.ndarray]]:
     from rstar2_jax.model import Qwen3, split_policy
     from rstar2_jax.model.config import ModelConfig
     from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
-    from rstar2_jax.run.recipe import RecipeConfig
+    from rstar2_jax.run.spec import load_spec
     from rstar2_jax.text.tokenizer import ByteTokenizer
 
     _, params = split_policy(Qwen3(ModelConfig.tiny(vocab_size=ByteTokenizer().vocab_size), rngs=nnx.Rngs(0)))
     with Checkpointer(out / "checkpoint", create=False) as ckpt:
-        r = ckpt.restore_latest(abstract_train_state(params, RecipeConfig.dry_run().rl_config()))
+        r = ckpt.restore_latest(abstract_train_state(params, load_spec(preset="recipe_dry_run").rl))
     return r.data_cursor, [np.asarray(x) for x in jax.tree.leaves(r.state.params)]
 
 
@@ -183,7 +183,7 @@ def test_two_processes_killed_and_resumed_run_the_recipe_like_one(runs):
     for a, b in zip(p1, p2):
         np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-6)
     # process 0 alone wrote the files
-    assert (two / "metrics.png").exists() and (two / "recipe_config.json").exists()
+    assert (two / "metrics.png").exists() and (two / "run_spec.json").exists()
     moved = list(two.glob("metrics.after_*.jsonl"))  # rows after the restored checkpoint, if any, kept aside
     n_after = sum(len(p.read_text().splitlines()) for p in moved)
     assert len(runs["at_kill"]) - n_after <= len(_rows(two))
@@ -210,7 +210,8 @@ def test_resume_refusals_name_the_reason_and_write_nothing(runs, tmp_path, capsy
     shutil.copytree(runs["one"], base, ignore=shutil.ignore_patterns("*.log*"))
     changed = tmp_path / "changed"
     shutil.copytree(base, changed)
-    _refused(changed, ["--set", "rl_lr=0.001"], r"configuration differs .*rl_lr: saved 0.0001, now 0.001", capsys)
+    _refused(changed, ["--set", "rl.optim.lr=0.001"], r"configuration differs .*rl.optim.lr: saved 0.0001, now 0.001",
+             capsys)
     garbled = tmp_path / "garbled"
     shutil.copytree(base, garbled)
     for p in (garbled / "checkpoint").rglob("*"):

@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from rstar2_jax.run.recipe import RECIPE_SANDBOX
+from rstar2_jax.run.presets import RECIPE_SANDBOX
 from rstar2_jax.sandbox.check import WeakerSandboxError, check_pool, shortfall
 from rstar2_jax.sandbox.isolation import Isolation
 from rstar2_jax.sandbox.limits import SandboxLimits

@@ -52,21 +52,31 @@ def test_demo_preset_is_todays_demo():
 
 
 def test_paper_preset_is_the_shipped_14b_config():
-    """paper_14b builds the learner, engines, placement and sandbox the recipe builds from rstar2_14b.json."""
+    """paper_14b is experiments/configs/rstar2_14b.json, and builds the learner, engines, placement and
+    sandbox the recipe built from that config before the RunSpec (the values recorded here)."""
     from pathlib import Path
 
-    from rstar2_jax.run.recipe import RecipeConfig
+    from rstar2_jax.model.config import MeshConfig
+    from rstar2_jax.sampling.engine_config import EngineConfig
 
     root = Path(__file__).resolve().parents[2]
-    raw = json.loads((root / "experiments/configs/rstar2_14b.json").read_text())
-    cfg = RecipeConfig.from_saved({**raw, "model_path": None, "sft_data": None, "rl_data": None, "eval_data": None})
     spec = presets.paper_14b()
-    assert spec.rl == cfg.rl_config()
-    assert (spec.model.path, spec.data.rl_data, spec.data.eval_data) == (raw["model_path"], raw["rl_data"],
-                                                                          raw["eval_data"])
-    assert spec.engine_config(2048) == cfg.engine_config(2048)
-    assert spec.placement == cfg.placement() and spec.sandbox.limits == cfg.sandbox and spec.mesh == cfg.mesh
-    assert spec.seq_len() == cfg.max_prompt_tokens + max(cfg.stage2_budget, cfg.eval_budget)
+    assert load_spec(root / "experiments/configs/rstar2_14b.json") == spec
+    rl = spec.rl
+    assert rl.optim == OptimConfig(lr=1e-6, warmup_steps=20) and rl.roc == RocConfig(keep_per_group=16)
+    assert rl.correction == CorrectionConfig() and rl.loss == type(rl.loss)()
+    assert (rl.temperature, rl.micro_batch_size, rl.old_logp_source, rl.logprob_chunk_size) == (1.0, 64, "recompute",
+                                                                                               128)
+    assert spec.engine_config(2048) == EngineConfig(num_slots=64, max_seq_len=2048, kv_memory_bytes=60 * 2**30,
+                                                    prefill_chunk=128)
+    assert (spec.placement.devices_per_engine, spec.placement.engines_per_process,
+            spec.placement.weight_dtype) == (1, 8, "bfloat16")
+    assert spec.sandbox.limits == presets.RECIPE_SANDBOX and spec.mesh == MeshConfig(data=1, fsdp=8, tensor=8)
+    assert (spec.model.path, spec.data.rl_data, spec.data.eval_data) == (
+        "/models/Qwen3-14B-Base", "/data/rstar2/rl_problems.jsonl", "/data/rstar2/aime24.jsonl")
+    assert spec.seq_len() == 1024 + 12288
+    assert (spec.sft.seq_len, spec.sft.batch_size, spec.sft.epochs, spec.sft.optim) == (
+        8192, 64, 3.0, OptimConfig(lr=5e-6, warmup_steps=20))
     assert (spec.rollout.n_samples, spec.rollout.budget, spec.rows) == (32, 8192, 128 * 16)
     assert (spec.eval.k, spec.eval.budget, spec.memory_fraction) == (16, 12288, 0.9)
 

@@ -32,14 +32,15 @@ def ray_pool(ray_local):
         yield pool
 
 
-def test_backend_by_name_and_recipe_config():
-    from rstar2_jax.run.recipe import RecipeConfig
+def test_backend_by_name_and_run_spec():
+    from rstar2_jax.run.spec import load_spec
+    from rstar2_jax.run.spec_parts import SandboxSpec
 
     with pytest.raises(ValueError, match="sandbox backend must be one of"):
         open_pool("kubernetes", workers=1, limits=FAST)
-    with pytest.raises(ValueError, match="RecipeConfig.sandbox_backend"):
-        RecipeConfig(sandbox_backend="kubernetes")
-    assert RecipeConfig().sandbox_backend == "local"  # the embedded pool stays the default
+    with pytest.raises(ValueError, match="sandbox.backend"):
+        load_spec(preset="recipe_dry_run", sets={"sandbox.backend": "kubernetes"})
+    assert SandboxSpec().backend == "local"  # the embedded pool stays the default
 
 
 def test_config_validation_names_the_field():
