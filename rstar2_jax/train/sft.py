@@ -45,6 +45,8 @@ class SFTConfig:
                 raise ValueError(f"SFTConfig.{name} must be >= 1, got {getattr(self, name)}")
         if not self.epochs > 0:
             raise ValueError(f"SFTConfig.epochs must be > 0, got {self.epochs}")
+        if self.micro_batch_size is not None and (isinstance(self.micro_batch_size, bool) or self.micro_batch_size < 1):
+            raise ValueError(f"SFTConfig.micro_batch_size must be None or >= 1, got {self.micro_batch_size!r}")
         if self.micro_batch_size is not None and self.batch_size % self.micro_batch_size:
             raise ValueError(f"SFTConfig.batch_size ({self.batch_size}) must be a multiple of "
                              f"micro_batch_size ({self.micro_batch_size})")

@@ -73,3 +73,8 @@ def test_config_errors_name_the_field():
         SFTConfig(seq_len=0)
     with pytest.raises(ValueError, match="micro_batch_size"):
         SFTConfig(batch_size=6, micro_batch_size=4)
+
+
+def test_sft_config_refuses_a_zero_micro_batch_naming_the_field():
+    with pytest.raises(ValueError, match=r"SFTConfig\.micro_batch_size must be None or >= 1, got 0"):
+        SFTConfig(micro_batch_size=0)
