@@ -149,10 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     from rstar2_jax.rollout.template import TemplateConfig, render_prompt
     from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, rl_rows, run
     from rstar2_jax.run.plan import GB, PlanInput, make_plan
-    from rstar2_jax.sampling import EngineConfig, PagedEngine, Temperature, kv_cache
-    from rstar2_jax.deploy.placement import PlacementConfig, plan_placement
+    from rstar2_jax.sampling import EngineConfig, Temperature, kv_cache
+    from rstar2_jax.deploy.placement import PlacementConfig, place_engines, plan_placement
     from rstar2_jax.testing.scripted import ScriptedPolicy
-    from rstar2_jax.deploy.weight_sync import WeightSync
     from rstar2_jax.sandbox import CodeRequest, SandboxLimits
     from rstar2_jax.sandbox.backend import open_pool
     from rstar2_jax.train.sft import SFTConfig
@@ -216,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"SFT phase: peak RSS {phase_peaks['sft']:.2f} GB", flush=True)
             resets.append(_reset_peak())
             placement = plan_placement(placement_cfg, mcfg, jax.devices()[:1])
-            placed = WeightSync(placement.layouts).place(params)
-            engines = [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
-                       for p, lay in zip(placed, placement.layouts)]
+            engines = place_engines(placement, graphdef, params, mcfg, ecfg, tok.decode)
             for e in engines:
                 e.warmup()
             script = release_script(rl_problems, tok, tpl)

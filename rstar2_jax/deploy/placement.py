@@ -10,11 +10,13 @@ and tensor-parallel shardings).
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 
+from rstar2_jax.deploy.weight_sync import WeightSync
 from rstar2_jax.model.config import ModelConfig
+from rstar2_jax.sampling.engine import EngineConfig, PagedEngine
 from rstar2_jax.sampling.layout import EngineLayout
 
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16")
@@ -92,3 +94,12 @@ def plan_placement(cfg: PlacementConfig, model_cfg: ModelConfig, local_devices: 
     return Placement(process_index=jax.process_index() if process_index is None else process_index,
                      num_processes=jax.process_count() if num_processes is None else num_processes,
                      devices_per_engine=t, engines_per_process=e, local_devices=len(devs), layouts=layouts)
+
+
+def place_engines(placement: Placement, graphdef: Any, params: Any, model_cfg: ModelConfig, engine_cfg: EngineConfig,
+                  decode_fn: Callable[[Sequence[int]], str]) -> list[PagedEngine]:
+    """One ``PagedEngine`` per local layout of ``placement``, each with ``params`` resharded to its
+    layout on device (``WeightSync``: never through the host)."""
+    placed = WeightSync(placement.layouts).place(params)
+    return [PagedEngine(graphdef, p, model_cfg, engine_cfg, decode_fn=decode_fn, layout=lay)
+            for p, lay in zip(placed, placement.layouts)]

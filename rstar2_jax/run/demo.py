@@ -21,8 +21,7 @@ from rstar2_jax.data.chat import chat_segments, render_records
 from rstar2_jax.data.regimes import get_regime
 from rstar2_jax.data.sft_traces import build_traces, copy_drills
 from rstar2_jax.data.toy import make_splits
-from rstar2_jax.deploy.placement import plan_placement
-from rstar2_jax.deploy.weight_sync import WeightSync
+from rstar2_jax.deploy.placement import place_engines, plan_placement
 from rstar2_jax.distributed import global_params
 from rstar2_jax.eval.load_policy import toy_model_config
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
@@ -31,16 +30,15 @@ from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.run.demo_cli import DemoArgs, parse_args
-from rstar2_jax.run.driver import OneStage, Parts, RunConfig, SFTPart, run, write_plots
+from rstar2_jax.run.driver import OneStage, Parts, SFTPart, run, write_plots
 from rstar2_jax.run.resume import ResumeError
 from rstar2_jax.run.scripted import mixed_script
-from rstar2_jax.run.spec import SPEC_FILE, RunSpec
+from rstar2_jax.run.spec import RunSpec
 from rstar2_jax.sampling import PagedEngine
 from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.testing.scripted import ScriptedPolicy
 from rstar2_jax.text.tokenizer import ByteTokenizer, HFTokenizer, train_byte_bpe
 from rstar2_jax.train.sft import SFTConfig
-from rstar2_jax.utils.config_io import to_plain
 
 
 def build_model(spec: RunSpec, vocab: int) -> ModelConfig:
@@ -53,10 +51,7 @@ def make_engines(graphdef, params, mcfg: ModelConfig, spec: RunSpec, max_seq_len
     after the learner's devices when those are disjoint (``learner.devices``)."""
     placement = plan_placement(spec.placement, mcfg, jax.local_devices()[spec.learner.devices or 0:])
     print(placement.table(), placement.line(), sep="\n")
-    ecfg = spec.engine_config(max_seq_len)
-    placed = WeightSync(placement.layouts).place(params)
-    return [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
-            for p, lay in zip(placed, placement.layouts)]
+    return place_engines(placement, graphdef, params, mcfg, spec.engine_config(max_seq_len), tok.decode)
 
 
 def make_tokenizer(spec: RunSpec, resume: bool, records: list[dict], tpl: Any, out: Path):
@@ -163,12 +158,9 @@ def run_demo(args: DemoArgs) -> dict:
                         cache_load=lambda: load_sft_cache(args, params, sft_cfg),
                         cache_save=lambda st, rows: save_sft_cache(args, st, sft_cfg, rows)),
             eval_problems=heldout, eval_cfg=spec.eval_config(tpl), async_rl=spec.async_rl)
-        plain = to_plain(spec)
-        rc = RunConfig(out=out, seed=spec.seed, ckpt_every=spec.checkpoint.every, eval_every=spec.eval.every,
-                       resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
-                       run_config=plain, show_progress=args.show_progress,
-                       files={SPEC_FILE: json.dumps(plain, indent=2),
-                              "config.json": json.dumps(mcfg.to_hf(), indent=2)})  # the policy's shape, HF-style
+        rc = spec.run_config(out, resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
+                             show_progress=args.show_progress,
+                             files={"config.json": json.dumps(mcfg.to_hf(), indent=2)})  # the policy's shape, HF-style
         try:
             res = run(parts, rc, abstract_train_state(params, rl_cfg))
         except ResumeError as e:

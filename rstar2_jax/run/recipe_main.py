@@ -38,21 +38,18 @@ from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl.checkpoint import abstract_train_state
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.template import TemplateConfig, render_prompt
-from rstar2_jax.run.driver import Parts, RunConfig, SFTPart, rl_rows, run, write_plots
+from rstar2_jax.run.driver import Parts, SFTPart, rl_rows, run, write_plots
 from rstar2_jax.run.plan import check_spec
 from rstar2_jax.run.recipe import STAGES, RecipeSchedule, trainer_devices
 from rstar2_jax.run.resume import ResumeError
 from rstar2_jax.run.scripted import mixed_script
 from rstar2_jax.run.spec import SPEC_FILE, RunSpec, load_spec, parse_sets
-from rstar2_jax.sampling import PagedEngine
-from rstar2_jax.deploy.placement import plan_placement
+from rstar2_jax.deploy.placement import place_engines, plan_placement
 from rstar2_jax.testing.scripted import ScriptedPolicy
-from rstar2_jax.deploy.weight_sync import WeightSync
 from rstar2_jax.sandbox.backend import open_pool
 from rstar2_jax.sandbox.check import check_pool
 from rstar2_jax.train.sft import shard_owner
 from rstar2_jax.text.tokenizer import ByteTokenizer, HFTokenizer
-from rstar2_jax.utils.config_io import to_plain
 
 # the run-control flags that set one spec field (each is also a --set)
 FLAG_FIELDS = {"engines": "placement.engines_per_process", "devices_per_engine": "placement.devices_per_engine",
@@ -274,9 +271,7 @@ def main(argv: list[str] | None = None) -> dict:
             if distributed.is_main_process():
                 print(placement.table())
             print(placement.line(), flush=True)
-            placed = WeightSync(placement.layouts).place(params)  # on device, from the trainer's layout
-            engines = [PagedEngine(graphdef, p, mcfg, ecfg, decode_fn=tok.decode, layout=lay)
-                       for p, lay in zip(placed, placement.layouts)]
+            engines = place_engines(placement, graphdef, params, mcfg, ecfg, tok.decode)  # on device, from the trainer's layout
             for e in engines:  # each engine's executables are tied to its devices: compile them all once, now
                 e.warmup()
             if spec.rollout.scripted_policy:  # the dry run (see the module docstring): a random policy earns no reward
@@ -293,10 +288,8 @@ def main(argv: list[str] | None = None) -> dict:
             sft=SFTPart(cfg=spec.sft, shards=shards, ckpt_every=spec.checkpoint.every_sft,
                         load_shard=lambda s: render_records(records[s], tok, tpl)),
             eval_problems=eval_problems, eval_cfg=spec.eval_config(tpl), async_rl=spec.async_rl)
-        plain = to_plain(spec)
-        rc = RunConfig(out=out, seed=spec.seed, ckpt_every=spec.checkpoint.every, eval_every=spec.eval.every,
-                       resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
-                       run_config=plain, show_progress=show, files={SPEC_FILE: json.dumps(plain, indent=2)})
+        rc = spec.run_config(out, resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
+                             show_progress=show)
         abstract = abstract_train_state(params, spec.rl, mesh)
         del params  # handed over to the run (Parts.params), which drops it once SFT has started from it
         try:

@@ -126,6 +126,17 @@ class RunSpec:
         return LearnerConfig(rl=self.rl, seq_len=seq_len, rows=self.rows, seq_bucket=self.learner.seq_bucket,
                              pack=self.learner.pack)
 
+    def run_config(self, out: Path, *, resume: bool, allow_changed: Sequence[str], sinks: Sequence[str],
+                   show_progress: bool, files: Mapping[str, str] | None = None) -> Any:
+        """``run.driver.RunConfig``: this spec's seed and checkpoint/eval cadence; the spec itself is what
+        a resume compares and is saved whole as ``SPEC_FILE`` (beside ``files``) once the run is accepted."""
+        from rstar2_jax.run.driver import RunConfig
+
+        plain = to_plain(self)
+        return RunConfig(out=out, seed=self.seed, ckpt_every=self.checkpoint.every, eval_every=self.eval.every,
+                         resume=resume, allow_changed=tuple(allow_changed), sinks=tuple(sinks), run_config=plain,
+                         show_progress=show_progress, files={SPEC_FILE: json.dumps(plain, indent=2), **(files or {})})
+
     def engine_config(self, max_seq_len: int) -> EngineConfig:
         """One engine's static shape for sequences of at most ``max_seq_len`` tokens: its pool from
         ``engine.kv_memory_gb`` or ``engine.kv_pages``, else about half the worst case (paging pays)."""

@@ -144,12 +144,13 @@ def test_build_checks_types_and_set_dotted_nests():
 def test_the_learner_engine_split_runs_the_dry_run_on_disjoint_devices(tmp_path, capsys, monkeypatch):
     """``learner.devices = 4`` of 8: the trainer mesh on devices 0-3, two TP-2 engines on 4-7, every stage."""
     import jax
+    from rstar2_jax.deploy import placement
     from rstar2_jax.run import recipe_main
 
     from rstar2_jax.sampling.layout import leaf_devices
 
     seen: dict = {}
-    real_parts, real_engine = recipe_main.Parts, recipe_main.PagedEngine
+    real_parts, real_engine = recipe_main.Parts, placement.PagedEngine  # the engines are built by place_engines
 
     def parts(**kw):
         seen["mesh"] = {d.id for d in kw["mesh"].devices.reshape(-1)}
@@ -161,7 +162,7 @@ def test_the_learner_engine_split_runs_the_dry_run_on_disjoint_devices(tmp_path,
             super().__init__(graphdef, params, *args, **kwargs)
 
     monkeypatch.setattr(recipe_main, "Parts", parts)
-    monkeypatch.setattr(recipe_main, "PagedEngine", Engine)
+    monkeypatch.setattr(placement, "PagedEngine", Engine)
     assert jax.device_count() == 8
     summary = recipe_main.main(["--dry-run", "--out", str(tmp_path / "o"), "--no-progress", "--set", "learner.devices=4",
                                   "--set", "schedule.stages.stage1_max_steps=1", "--set", "eval.every=null"])

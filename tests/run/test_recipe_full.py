@@ -87,9 +87,11 @@ def run_dir(tmp_path_factory):
 def _record_built(monkeypatch, script) -> dict:
     """Wrap the script's constructors to record the engine configs, sandbox limits, rollout config and RL
     config it builds (each still builds the real object)."""
+    from rstar2_jax.deploy import placement  # the engines are built by placement.place_engines
+
     built: dict = {"engine": []}
 
-    class Engine(script.PagedEngine):
+    class Engine(placement.PagedEngine):
         def __init__(self, *args, **kwargs):
             built["engine"].append(args[3])
             super().__init__(*args, **kwargs)
@@ -102,7 +104,7 @@ def _record_built(monkeypatch, script) -> dict:
             return real(*args, **kwargs)
         monkeypatch.setattr(script, name, make)
 
-    monkeypatch.setattr(script, "PagedEngine", Engine)
+    monkeypatch.setattr(placement, "PagedEngine", Engine)
     wrap("open_pool", lambda a, k: built.update(limits=k["limits"]))
     def on_rollout(a, k):  # built after SFT: by then nothing holds the initial params (one copy in RL)
         gc.collect()
