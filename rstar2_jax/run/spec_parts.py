@@ -143,7 +143,7 @@ class EngineSpec:
     page_size: int = 16  # Z: token positions per K/V page
     prefill_chunk: int = 128  # C: tokens per prefill/extend row per step
     prefill_rows: int = 1
-    attention_impl: str = "reference"  # decode kernel (sampling.kv_cache.attention_impls())
+    attention_impl: str = "auto"  # paged attention kernel, by backend (sampling.kv_cache.attention_impls())
     decode_row_buckets: tuple[int, ...] = ()
     decode_steps: int = 8
     kv_dtype: Literal["float32", "bfloat16", "float16"] | None = None  # None: the model's compute dtype

@@ -19,15 +19,17 @@ the dense baseline sampler and the scripted policy are test doubles in ``rstar2_
 
 from rstar2_jax.sampling.engine import EngineConfig, PagedEngine, child_key_data, key_data
 from rstar2_jax.sampling.interface import STOP_REASONS, Engine, EngineStats, Request, StopEvent, StopReason
-from rstar2_jax.sampling.kv_cache import (DECODE_KERNELS, attention_impls, copy_pages, init_cache, page_bytes,
-                                          paged_attention, pages_for_budget, register_decode_kernel, write_kv)
+from rstar2_jax.sampling.kv_cache import (KERNELS, attention_impls, copy_pages, init_cache, page_bytes,
+                                          paged_attention, pages_for_budget, ragged_attention, register_attention_kernel,
+                                          write_kv)
+from rstar2_jax.sampling.kv_layout import KVLayout
 from rstar2_jax.sampling.page_table import NULL_PAGE, OutOfPages, PageTable
 from rstar2_jax.sampling.sampling_fns import (Greedy, RowParams, Sampler, Temperature, TopK, TopP,
                                               policy_logprobs, sample_rows)
 
 __all__ = [
-    "DECODE_KERNELS", "Engine", "EngineConfig", "EngineStats", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
+    "KERNELS", "KVLayout", "Engine", "EngineConfig", "EngineStats", "Greedy", "NULL_PAGE", "OutOfPages", "PageTable",
     "PagedEngine", "Request", "RowParams", "STOP_REASONS", "Sampler", "StopEvent", "StopReason", "Temperature", "TopK", "TopP",
     "attention_impls", "child_key_data", "copy_pages", "init_cache", "key_data", "page_bytes",
-    "paged_attention", "pages_for_budget", "policy_logprobs", "register_decode_kernel", "sample_rows", "write_kv",
+    "paged_attention", "pages_for_budget", "policy_logprobs", "ragged_attention", "register_attention_kernel", "sample_rows", "write_kv",
 ]

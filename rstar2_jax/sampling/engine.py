@@ -103,19 +103,25 @@ class PagedEngine(LoopRunner):
         self.num_pages = cfg.resolve_num_pages(model_cfg)
         self.page_table = PageTable(num_pages=self.num_pages, page_size=cfg.page_size,
                                     max_pages_per_seq=cfg.max_pages_per_seq)
-        self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size, cfg.kv_dtype)
+        # the kernel (``"auto"``: by backend) decides how the pages are stored, once
+        self.attention_impl = kv_cache.resolve_impl(cfg.attention_impl)
+        self.kv_layout = kv_cache.layout_for(self.attention_impl)
+        self.cache = kv_cache.init_cache(model_cfg, self.num_pages, cfg.page_size, cfg.kv_dtype, self.kv_layout)
         if layout is not None:
-            self.cache = layout.put_cache(self.cache)
+            self.cache = layout.put_cache(self.cache, self.kv_layout)
         elif device is not None:
             self.cache = jax.device_put(self.cache, device)
-        self.swap = kv_transfer.SwapSpace(cfg.swap_tokens)
+        self.swap = kv_transfer.SwapSpace(cfg.swap_tokens, self.kv_layout)
+        mesh = layout.mesh if layout is not None and layout.tp > 1 else None
         self.prefix_cache = PrefixCache(self.page_table) if cfg.prefix_cache else None
         self.scheduler = Scheduler(self.page_table, cfg.num_slots, cfg.readmit_headroom, cache=self.prefix_cache,
                                    evict=self._evict if cfg.swap_tokens else None, restore=self._restore)
         self._row_buckets = sorted(set(cfg.decode_row_buckets) | {cfg.num_slots})
         self._slot_arrays = mixed_mod.SlotArrays(cfg.num_slots, key_data(0).shape[0])
         self._mixed_specs = {rd: mixed_mod.MixedSpec(rd, cfg.decode_steps, cfg.prefill_rows, cfg.prefill_chunk,
-                                                     cfg.page_size, cfg.attention_impl) for rd in self._row_buckets}
+                                                     cfg.page_size, self.attention_impl, mesh)
+                             for rd in self._row_buckets}
+        self._mesh = mesh
         self._next_id = 0
         self._next_order = 0
         self._stats = dict(steps=0, tokens_generated=0, prefill_tokens=0, decode_tokens=0, page_copies=0,
@@ -181,7 +187,7 @@ class PagedEngine(LoopRunner):
         if seq.state is not SeqState.PAUSED:
             raise ValueError(f"export_seq: sequence {seq_id} is {seq.state.value}, not paused")
         if self.scheduler.holds_pages(seq) and seq.cached:
-            kv = kv_transfer.read_tokens(self.cache, self.page_table.pages(seq.id), seq.cached)
+            kv = kv_transfer.read_tokens(self.cache, self.page_table.pages(seq.id), seq.cached, self.kv_layout)
         else:  # preempted while paused: its swapped K/V, or nothing (recomputed where it goes)
             kv = seq.swapped or ()
         export = kv_transfer.SeqExport(tuple(seq.tokens), kv, seq.key_data, seq.params, seq.stop_ids,
@@ -198,12 +204,12 @@ class PagedEngine(LoopRunner):
         self._validate(Request(prompt=tokens, key=0, max_new_tokens=max_new_tokens,
                                stop_strings=export.stop_strings))
         if export.kv:
-            kv_transfer.check_compatible(export.kv, self.cache)
+            kv_transfer.check_compatible(export.kv, self.cache, self.kv_layout)
         seq = Seq(self._take_id(), (self._new_order(), 0), tokens, export.key_data, export.params,
                   stop_ids=export.stop_ids, stop_strings=export.stop_strings, max_new=max_new_tokens)
         n, pt = export.cached, self.page_table
         if n and pt.pages_needed(n) <= pt.free_pages():
-            self.cache = kv_transfer.write_tokens(self.cache, pt.allocate(seq.id, n), export.kv)
+            self.cache = kv_transfer.write_tokens(self.cache, pt.allocate(seq.id, n), export.kv, self.kv_layout)
             seq.cached = n
             self._stats["kv_imported_tokens"] += n
         self.scheduler.add(seq)
@@ -257,7 +263,7 @@ class PagedEngine(LoopRunner):
                 n += 1
         k = 1  # fork copy-on-write sizes (padded to powers of two; a fork copies <= one page per child)
         while k <= max(1, self.cfg.num_slots):
-            self.cache = kv_cache.copy_page_pairs(self.cache, [(0, 0)] * k)  # the null page onto itself
+            self.cache = kv_cache.copy_page_pairs(self.cache, [(0, 0)] * k, self.kv_layout)  # null page onto itself
             n, k = n + 1, 2 * k
         return n
 
@@ -323,7 +329,7 @@ class PagedEngine(LoopRunner):
         """One ``paged_step`` of ``rd`` decode and ``pr`` prefill rows (the cache is donated and
         replaced). Returns tokens i32[R], log-probs f32[R] and each prefill sequence's chunk."""
         cfg = self.cfg
-        spec = StepSpec(rd, pr, cfg.prefill_chunk, cfg.page_size, cfg.attention_impl)
+        spec = StepSpec(rd, pr, cfg.prefill_chunk, cfg.page_size, self.attention_impl, self._mesh)
         batch, chunks = build_step_batch(decode, prefill, self.scheduler.block_tables, spec)
         self.cache, tokens, logprobs = paged_step(self.graphdef, self.params, self.cache, batch, spec)
         return np.asarray(tokens), np.asarray(logprobs), chunks
@@ -339,7 +345,7 @@ class PagedEngine(LoopRunner):
     def _copy_pages(self, copies: list[tuple[int, int]]) -> None:
         """Apply a fork's copy-on-write ``(src, dst)`` page copies on the device."""
         if copies:
-            self.cache = kv_cache.copy_page_pairs(self.cache, copies)
+            self.cache = kv_cache.copy_page_pairs(self.cache, copies, self.kv_layout)
             self._stats["page_copies"] += len(copies)
 
     # -- stops -----------------------------------------------------------------------------------

@@ -24,7 +24,9 @@ class EngineConfig:
     kv_memory_bytes: int | None = None  # ... or the pool from a memory budget (K and V, all layers)
     prefill_chunk: int = 64  # C: tokens per prefill/extend row per step
     prefill_rows: int = 1  # chunks per step (each from a different sequence)
-    attention_impl: str = "reference"  # decode kernel: kv_cache.attention_impls(); "reference" = pure JAX
+    # paged attention: "auto" (pallas_gpu on GPU, pallas_tpu on TPU, else "reference", the pure-JAX form)
+    # or a name in kv_cache.attention_impls(); it also decides the pages' layout (kv_cache.layout_for)
+    attention_impl: str = "auto"
     # Smaller decode row counts to compile as well (each a separate jit variant); a step uses the
     # smallest that holds its decoding sequences. () = always num_slots rows: compiles once.
     decode_row_buckets: tuple[int, ...] = ()

@@ -3,53 +3,70 @@
 Letter key (as in ``model/``), plus: P pages in the pool, Z page_size, M pages per sequence
 (block-table width), R rows (sequences) of a query chunk, Q queries per row.
 
-The cache is a list with one ``(k_pages, v_pages)`` pair per layer, each ``[P, Z, K, H]``.
-Position ``p`` of a sequence whose block-table row is ``bt_m`` lives at ``[bt_m[p // Z], p % Z]``.
-Page 0 is the null page (see ``page_table.py``): invalid tokens write there and empty block-table
-entries point there; attention masks every key at a position after its query, so the garbage in
-page 0 (and stale data in recycled pages) is never read.
+The cache is a list with one layer per model layer, stored in a ``KVLayout`` (``kv_layout.py``)
+chosen once per engine by its attention kernel: ``TOKEN_MAJOR`` ``(k, v)`` each ``[P, Z, K, H]`` for
+the pure-JAX reference, ``HEAD_MAJOR`` ``[K, P, Z, H]`` for the Pallas GPU kernel, ``COMBINED``
+``[P, Z, 2K, H]`` for the TPU kernel. Position ``p`` of a sequence whose block-table row is ``bt_m``
+lives in page ``bt_m[p // Z]``, slot ``p % Z``. Page 0 is the null page (see ``page_table.py``):
+invalid tokens write there and empty block-table entries point there; attention masks every key at
+a position after its query, so the garbage in page 0 (and stale data in recycled pages) is never read.
 
 Jitted callers donate the cache (``donate_argnames=("cache",)``) so ``write_kv`` and ``copy_pages``
 update the buffers in place instead of copying the whole pool every step.
 
-Attention over pages: ``paged_attention`` is the pure-JAX reference and runs anywhere: rows in chunks
-of ``ROW_CHUNK``, each chunk gathering its pages ``KV_BLOCK`` positions at a time and combining blocks
-with an online softmax, up to the chunk's longest row only (so short sequences cost little).
+**One attention entry**, ``ragged_attention``: a window's query rows of any length in one call per
+layer (the step's decode rows, one query each, and its prefill/extend chunk rows, causal inside a
+chunk), each segment of equal-length rows going to the selected kernel (``attention_kernels.py``):
 
-Decode rows (Q = 1) of a model with <= ``FLAT_DECODE_MAX_KV_HEADS`` kv heads take a flat form of the
-same computation (``_flat_decode_attention``: all rows at once, one batched matmul per key block).
+* ``"reference"``: the pure-JAX form, any backend and layout. Rows in chunks of ``ROW_CHUNK``, each
+  gathering its pages ``KV_BLOCK`` positions at a time and combining blocks with an online softmax
+  up to the chunk's longest row; decode rows of a model with <= ``FLAT_DECODE_MAX_KV_HEADS`` kv
+  heads take a flat form of the same computation (``_flat_decode_attention``).
+* ``"pallas_gpu"``: the Pallas (Triton) ragged paged-attention kernel over ``HEAD_MAJOR`` pages, for
+  NVIDIA and ROCm; ``"pallas_gpu_interpret"`` the same kernel interpreted (CPU tests).
+* ``"pallas_tpu"``: ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` over ``COMBINED``
+  pages; ``"pallas_tpu_reference"`` that adapter over the module's pure-JAX reference (eager CPU tests).
+* ``"auto"`` (``resolve_impl``): ``pallas_gpu`` on a GPU backend, ``pallas_tpu`` on TPU, else the reference.
 
-Kernel hook: ``impl=<name>`` routes single-query decode rows to a kernel registered with
-``register_decode_kernel``. Built in: ``"pallas_gpu"`` (``jax.experimental.pallas.ops.gpu.
-paged_attention``), ``"pallas_gpu_interpret"`` (the same kernel interpreted, so CPU tests run it),
-``"pallas_tpu"`` (``jax.experimental.pallas.ops.tpu.ragged_paged_attention``, TPU only) and
-``"pallas_tpu_reference"`` (that adapter over the TPU module's pure-JAX reference: eager CPU tests only).
-Prefill/extend chunks always use the reference. Pages may be stored in bf16 (``init_cache(dtype=)``);
-attention upcasts them to fp32 (the GPU kernel computes in the pages' dtype, accumulating in fp32).
+A kernel under a tensor-parallel engine runs inside ``shard_map`` over the engine's ``("kv", "rep")``
+sub-mesh (query heads over both axes, kv heads over ``"kv"``): each device attends its own heads.
+Pages may be stored in bf16 (``init_cache(dtype=)``); attention accumulates in fp32.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, PartitionSpec as P
 from jaxtyping import Array, Bool, Float, Int
 
 from rstar2_jax.model.attention import dense_attention
 from rstar2_jax.model.config import ModelConfig
+from rstar2_jax.sampling import attention_kernels
+from rstar2_jax.sampling.kv_layout import KVLayout
 
-KVLayer = tuple[jax.Array, jax.Array]  # (k_pages [P,Z,K,H], v_pages [P,Z,K,H])
-# A decode kernel: (q_rnh, layer, block_tables_rm, lengths_r) -> out_rnh for single-query rows whose
-# K/V are already written; ``lengths_r = q_pos + 1``. Prefill/extend chunks always use the reference.
-DecodeKernel = Callable[[jax.Array, KVLayer, jax.Array, jax.Array], jax.Array]
-DECODE_KERNELS: dict[str, DecodeKernel] = {}  # filled below; see register_decode_kernel
+KVLayer = tuple[jax.Array, ...]  # one layer in its KVLayout: (k, v) or (kv,)
+# A kernel: (q_rqnh, layer, block_tables_rm, q_pos_rq) -> out_rqnh for R rows of Q queries whose
+# K/V are already written (a query sees keys at positions <= its own).
+Kernel = Callable[[jax.Array, KVLayer, jax.Array, jax.Array], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class AttentionKernel:
+    fn: Kernel | None  # None: the pure-JAX reference
+    layout: KVLayout  # how the engine stores its pages for this kernel
+
+
+KERNELS: dict[str, AttentionKernel] = {}  # filled below; see register_attention_kernel
 
 
 def page_bytes(cfg: ModelConfig, page_size: int, dtype: Any = None) -> int:
-    """Bytes of one page across all layers, K and V together."""
+    """Bytes of one page across all layers, K and V together (the same in every layout)."""
     itemsize = jnp.dtype(dtype or cfg.dtype).itemsize
     return 2 * cfg.num_layers * page_size * cfg.num_kv_heads * cfg.head_dim * itemsize
 
@@ -59,20 +76,17 @@ def pages_for_budget(cfg: ModelConfig, page_size: int, budget_bytes: int, dtype:
     return int(budget_bytes // page_bytes(cfg, page_size, dtype))
 
 
-def init_cache(cfg: ModelConfig, num_pages: int, page_size: int, dtype: Any = None) -> list[KVLayer]:
-    """Zeroed cache: per layer ``(k_pages, v_pages)`` of shape ``[num_pages, page_size, K, H]``."""
-    shape = (num_pages, page_size, cfg.num_kv_heads, cfg.head_dim)
+def init_cache(cfg: ModelConfig, num_pages: int, page_size: int, dtype: Any = None,
+               layout: KVLayout = KVLayout.TOKEN_MAJOR) -> list[KVLayer]:
+    """Zeroed cache: one layer of ``num_pages`` pages per model layer, stored in ``layout``."""
     dt = jnp.dtype(dtype or cfg.dtype)
-    return [(jnp.zeros(shape, dt), jnp.zeros(shape, dt)) for _ in range(cfg.num_layers)]
+    return [layout.init(num_pages, page_size, cfg.num_kv_heads, cfg.head_dim, dt) for _ in range(cfg.num_layers)]
 
 
 def write_kv(layer: KVLayer, k_tkh: Float[Array, "T K H"], v_tkh: Float[Array, "T K H"],
-             page_t: Int[Array, "T"], slot_t: Int[Array, "T"]) -> KVLayer:
+             page_t: Int[Array, "T"], slot_t: Int[Array, "T"], layout: KVLayout = KVLayout.TOKEN_MAJOR) -> KVLayer:
     """Scatter T tokens' K/V to ``[page_t, slot_t]``. Invalid tokens should target the null page."""
-    k_pages, v_pages = layer
-    k_pages = k_pages.at[page_t, slot_t].set(k_tkh.astype(k_pages.dtype))
-    v_pages = v_pages.at[page_t, slot_t].set(v_tkh.astype(v_pages.dtype))
-    return k_pages, v_pages
+    return layout.write(layer, k_tkh, v_tkh, page_t, slot_t)
 
 
 def token_destinations(block_tables_bm: Int[Array, "B M"], row_t: Int[Array, "T"], pos_t: Int[Array, "T"],
@@ -83,37 +97,91 @@ def token_destinations(block_tables_bm: Int[Array, "B M"], row_t: Int[Array, "T"
     return page_t, jnp.where(valid_t, pos_t % page_size, 0)
 
 
+# -- kernels ---------------------------------------------------------------------------------------
+def register_attention_kernel(name: str, fn: Kernel, layout: KVLayout = KVLayout.TOKEN_MAJOR) -> None:
+    """Make ``fn`` selectable as ``EngineConfig(attention_impl=name)``; engines using it store their
+    pages in ``layout``."""
+    if name in ("reference", "auto"):
+        raise ValueError(f"{name!r} is built in")
+    KERNELS[name] = AttentionKernel(fn, layout)
+
+
+def attention_impls() -> tuple[str, ...]:
+    """Every selectable ``attention_impl`` (``"auto"`` included)."""
+    return ("auto", *KERNELS)
+
+
+def resolve_impl(impl: str, backend: str | None = None) -> str:
+    """``impl`` itself, or for ``"auto"`` the kernel for ``backend`` (default: JAX's default backend)."""
+    if impl != "auto":
+        if impl not in KERNELS:
+            raise ValueError(f"attention_impl must be one of {attention_impls()}, got {impl!r}")
+        return impl
+    backend = backend or jax.default_backend()
+    return {"gpu": "pallas_gpu", "cuda": "pallas_gpu", "rocm": "pallas_gpu", "tpu": "pallas_tpu"}.get(
+        backend, "reference")
+
+
+def layout_for(impl: str) -> KVLayout:
+    """The page layout an engine with ``attention_impl=impl`` stores (``"auto"`` resolved first)."""
+    return KERNELS[resolve_impl(impl)].layout
+
+
 def paged_attention(q_rqnh: Float[Array, "R Q N H"], layer: KVLayer, block_tables_rm: Int[Array, "R M"],
-                    q_pos_rq: Int[Array, "R Q"], *, impl: str = "reference") -> Float[Array, "R Q N H"]:
-    """Causal GQA attention of R rows of Q queries over their paged keys.
+                    q_pos_rq: Int[Array, "R Q"], *, impl: str = "reference",
+                    layout: KVLayout | None = None) -> Float[Array, "R Q N H"]:
+    """Causal GQA attention of R rows of Q queries over their paged keys (one segment).
 
     Row r's keys are its sequence positions ``0 .. M*Z-1`` read through ``block_tables_rm[r]``;
     query q (at absolute position ``q_pos_rq[r, q]``) sees keys at positions ``<= q_pos``. This
     serves decode (Q = 1) and prefill/extend chunks (Q = chunk) alike. **Assumes** the K/V of every
     query token was written (``write_kv``) before the call and positions ``<= q_pos`` are valid.
+    ``layout``: how ``layer`` is stored (default: the kernel's own).
     """
-    if impl == "reference" or q_rqnh.shape[1] != 1:
-        if impl != "reference" and impl not in DECODE_KERNELS:
-            raise ValueError(f"paged_attention: impl must be one of {attention_impls()}, got {impl!r}")
-        if q_rqnh.shape[1] == 1 and layer[0].shape[2] <= FLAT_DECODE_MAX_KV_HEADS:
-            return _flat_decode_attention(q_rqnh, layer, block_tables_rm, q_pos_rq)
-        return _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq)
-    try:
-        kernel = DECODE_KERNELS[impl]
-    except KeyError:
-        raise ValueError(f"paged_attention: impl must be one of {attention_impls()}, got {impl!r}") from None
-    return kernel(q_rqnh[:, 0], layer, block_tables_rm, (q_pos_rq[:, 0] + 1).astype(jnp.int32))[:, None]
+    impl = resolve_impl(impl)
+    kernel = KERNELS[impl]
+    layout = kernel.layout if layout is None else layout
+    if kernel.fn is not None:
+        if layout is not kernel.layout:
+            raise ValueError(f"paged_attention: {impl!r} reads {kernel.layout.value} pages, got {layout.value}")
+        return kernel.fn(q_rqnh, layer, block_tables_rm, q_pos_rq)
+    if q_rqnh.shape[1] == 1 and layout.dims(layer)[2] <= FLAT_DECODE_MAX_KV_HEADS:
+        return _flat_decode_attention(q_rqnh, layer, block_tables_rm, q_pos_rq, layout)
+    return _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq, layout)
 
 
-def register_decode_kernel(name: str, kernel: DecodeKernel) -> None:
-    """Make ``kernel`` selectable as ``EngineConfig(attention_impl=name)`` (e.g. a TPU paged kernel)."""
-    if name == "reference":
-        raise ValueError("'reference' is the built-in pure-JAX attention")
-    DECODE_KERNELS[name] = kernel
+def ragged_attention(q_tnh: Float[Array, "T N H"], layer: KVLayer, block_tables_rm: Int[Array, "R M"],
+                     pos_t: Int[Array, "T"], segments: Sequence[tuple[int, int]], *, impl: str = "reference",
+                     layout: KVLayout | None = None, mesh: Mesh | None = None) -> Float[Array, "T N H"]:
+    """Attention of a window's query tokens, rows of any length, in one call (module docstring).
 
+    ``segments``: static ``(rows, queries_per_row)`` runs in token order: tokens ``[0, r0*q0)`` are
+    ``r0`` rows of ``q0`` queries (block-table rows ``0 .. r0-1``), the next ``r1*q1`` tokens the
+    next ``r1`` rows, and so on (the engine step: ``((Rd, 1), (Pr, C))``). ``mesh``: a
+    tensor-parallel engine's sub-mesh (axes ``("kv", "rep")``): a kernel then runs under
+    ``shard_map`` over the kv heads. Returns ``[T, N, H]``.
+    """
+    impl = resolve_impl(impl)
+    layout = KERNELS[impl].layout if layout is None else layout
 
-def attention_impls() -> tuple[str, ...]:
-    return ("reference", *DECODE_KERNELS)
+    def run(q_tnh, layer, bt, pos_t):
+        out, t0, r0 = [], 0, 0
+        for rows, nq in segments:
+            if rows == 0:
+                continue
+            q = q_tnh[t0:t0 + rows * nq].reshape(rows, nq, *q_tnh.shape[1:])
+            o = paged_attention(q, layer, bt[r0:r0 + rows], pos_t[t0:t0 + rows * nq].reshape(rows, nq),
+                                impl=impl, layout=layout)
+            out.append(o.reshape(rows * nq, *q_tnh.shape[1:]))
+            t0, r0 = t0 + rows * nq, r0 + rows
+        return out[0] if len(out) == 1 else jnp.concatenate(out)
+
+    if mesh is None or KERNELS[impl].fn is None or mesh.size == 1:
+        return run(q_tnh, layer, block_tables_rm, pos_t)
+    heads = P(None, tuple(mesh.axis_names), None)
+    pool = layout.partition_spec(mesh.axis_names[0] if mesh.shape[mesh.axis_names[0]] > 1 else None)
+    return jax.shard_map(run, mesh=mesh, in_specs=(heads, tuple(pool for _ in layer), P(), P()),
+                         out_specs=heads, check_vma=False)(q_tnh, layer, block_tables_rm, pos_t)
 
 
 ROW_CHUNK = 8  # rows per lax.map step: keeps a chunk's gathered K/V in CPU cache (linear in rows)
@@ -184,17 +252,16 @@ def map_rows(fn, *xs, chunk: int = ROW_CHUNK):
     return out.reshape(n * chunk, *out.shape[2:])[:r]
 
 
-def _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq):
-    k_pages, v_pages = layer
-    m, z, kh, h = block_tables_rm.shape[1], k_pages.shape[1], k_pages.shape[2], q_rqnh.shape[-1]
+def _reference_attention(q_rqnh, layer, block_tables_rm, q_pos_rq, layout: KVLayout = KVLayout.TOKEN_MAJOR):
+    m, z = block_tables_rm.shape[1], layout.dims(layer)[1]
     bp = max(1, KV_BLOCK // z)  # pages per key block
     bt = jnp.pad(block_tables_rm, ((0, 0), (0, -m % bp)))  # null-page columns up to a whole block
 
     def rows(q, bt, pos):  # a chunk of rows
         def kv_block(i):
             pages = jax.lax.dynamic_slice_in_dim(bt, i * bp, bp, axis=1)  # [R, bp]
-            shape = (bt.shape[0], bp * z, kh, h)
-            return k_pages[pages].reshape(shape), v_pages[pages].reshape(shape)
+            k, v = layout.gather(layer, pages)  # [R, bp, Z, K, H]: only these pages
+            return k.reshape(bt.shape[0], bp * z, *k.shape[3:]), v.reshape(bt.shape[0], bp * z, *v.shape[3:])
         return attention_over_kv_blocks(q, pos, kv_block, bp * z)
 
     with jax.named_scope("paged_attention"):
@@ -209,7 +276,7 @@ FLAT_DECODE_MAX_KV_HEADS = 2  # decode rows of models with at most this many kv 
 FLAT_DECODE_KV_BLOCK = 32
 
 
-def _flat_decode_attention(q_r1nh, layer, block_tables_rm, q_pos_r1):
+def _flat_decode_attention(q_r1nh, layer, block_tables_rm, q_pos_r1, layout: KVLayout = KVLayout.TOKEN_MAJOR):
     """Decode rows (Q = 1) of a model with few kv heads: one batched matmul per key block, all rows.
 
     The queries of kv head k are zero outside head k's slice of a ``[K*H]`` vector, so a row's
@@ -220,9 +287,8 @@ def _flat_decode_attention(q_r1nh, layer, block_tables_rm, q_pos_r1):
     row, combined by the same online softmax as ``attention_over_kv_blocks``: a block fully masked for a
     row leaves it bit-for-bit unchanged, so a row's result does not depend on the other rows.
     """
-    k_pages, v_pages = layer
     r, _, n, h = q_r1nh.shape
-    z, kh = k_pages.shape[1], k_pages.shape[2]
+    _, z, kh, _ = layout.dims(layer)
     m = block_tables_rm.shape[1]
     bp = max(1, FLAT_DECODE_KV_BLOCK // z)
     bt = jnp.pad(block_tables_rm, ((0, 0), (0, -m % bp)))
@@ -236,8 +302,8 @@ def _flat_decode_attention(q_r1nh, layer, block_tables_rm, q_pos_r1):
     def body(i, carry):
         mx, l, o = carry  # [R,N], [R,N], [R,N,K*H]
         pages = jax.lax.dynamic_slice_in_dim(bt, i * bp, bp, axis=1)  # [R, bp]
-        k = k_pages[pages].reshape(r, blk, kh * h).astype(jnp.float32)
-        v = v_pages[pages].reshape(r, blk, kh * h).astype(jnp.float32)
+        k, v = layout.gather(layer, pages)  # [R, bp, Z, K, H] (as stored when TOKEN_MAJOR: no transpose)
+        k, v = k.reshape(r, blk, kh * h).astype(jnp.float32), v.reshape(r, blk, kh * h).astype(jnp.float32)
         s = jnp.einsum("RNC,RSC->RNS", qz, k)
         key_pos = i * blk + jnp.arange(blk, dtype=jnp.int32)
         s = jnp.where((key_pos[None, :] <= pos[:, None])[:, None], s, neg)
@@ -254,71 +320,30 @@ def _flat_decode_attention(q_r1nh, layer, block_tables_rm, q_pos_r1):
     return out.reshape(r, 1, n, h).astype(q_r1nh.dtype)
 
 
-def _pallas_gpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, interpret: bool = False):
-    """Adapter to ``jax.experimental.pallas.ops.gpu.paged_attention`` (decode rows).
-
-    TODO(kv-layout): the kernel wants kv-head-major pages ``[K, P, Z, H]``; this adapter transposes
-    the whole pool per call. Store the cache kv-head-major when this path is the default.
-    """
-    from jax.experimental.pallas.ops.gpu import paged_attention as pa
-
-    k_pages, v_pages = layer
-    h, m = q_rnh.shape[-1], block_tables_rm.shape[1]
-    ppcb = next(c for c in (8, 4, 2, 1) if m % c == 0)
-    splits = next(s for s in (16, 8, 4, 2, 1) if (m // ppcb) % s == 0)
-    # the kernel does not scale; it casts K/V to q's dtype, so q takes the pages' (bf16 KV: bf16 dots)
-    q = (q_rnh / jnp.sqrt(jnp.float32(h)).astype(q_rnh.dtype)).astype(k_pages.dtype)
-    out = pa.paged_attention(q, jnp.moveaxis(k_pages, 2, 0), jnp.moveaxis(v_pages, 2, 0), block_tables_rm,
-                             lengths_r, pages_per_compute_block=ppcb, k_splits=splits, interpret=interpret)
-    return out.astype(q_rnh.dtype)
+KERNELS["reference"] = AttentionKernel(None, KVLayout.TOKEN_MAJOR)
+register_attention_kernel("pallas_gpu", attention_kernels.gpu_paged_attention, KVLayout.HEAD_MAJOR)
+register_attention_kernel("pallas_gpu_interpret", functools.partial(attention_kernels.gpu_paged_attention,
+                                                                    interpret=True), KVLayout.HEAD_MAJOR)
+register_attention_kernel("pallas_tpu", attention_kernels.tpu_paged_attention, KVLayout.COMBINED)
+register_attention_kernel("pallas_tpu_reference", functools.partial(
+    attention_kernels.tpu_paged_attention, kernel=attention_kernels.tpu_reference_kernel), KVLayout.COMBINED)
 
 
-def _pallas_tpu_decode(q_rnh, layer, block_tables_rm, lengths_r, *, kernel: Callable | None = None):
-    """Hook for TPU: ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` on decode rows.
-
-    That kernel takes ragged query runs (``cu_q_lens``; one query per decode row here) over one
-    combined page array ``[P, Z, 2K, H]`` (K heads at even, V heads at odd indices), which this
-    adapter interleaves per call. TODO(kv-layout): store the cache combined when this path is the
-    default. ``kernel`` swaps in the module's own pure-JAX ``ref_ragged_paged_attention`` (same
-    signature; it loops in Python over concrete lengths, so only eagerly, not under jit), which is how
-    CPU tests check this adapter; the Mosaic kernel itself runs only on TPU.
-    """
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
-
-    k_pages, v_pages = layer
-    p, z, kh, h = k_pages.shape
-    r = q_rnh.shape[0]
-    kv = jnp.stack([k_pages, v_pages.astype(k_pages.dtype)], axis=3).reshape(p, z, 2 * kh, h)
-    fn = kernel or rpa.ragged_paged_attention
-    out = fn(q_rnh.astype(k_pages.dtype), kv, lengths_r, block_tables_rm, np.arange(r + 1, dtype=np.int32),
-             np.array([r], np.int32), sm_scale=float(h) ** -0.5)
-    return out.astype(q_rnh.dtype)
-
-
-def _tpu_reference_kernel(*args, **kw):
-    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
-    return rpa.ref_ragged_paged_attention(*args, **kw)
-
-
-register_decode_kernel("pallas_gpu", _pallas_gpu_decode)
-register_decode_kernel("pallas_gpu_interpret", functools.partial(_pallas_gpu_decode, interpret=True))
-register_decode_kernel("pallas_tpu", _pallas_tpu_decode)
-register_decode_kernel("pallas_tpu_reference", functools.partial(_pallas_tpu_decode, kernel=_tpu_reference_kernel))
-
-
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def copy_pages(cache: list[KVLayer], src: Int[Array, "C"], dst: Int[Array, "C"]) -> list[KVLayer]:
+@functools.partial(jax.jit, donate_argnames=("cache",), static_argnames=("layout",))
+def copy_pages(cache: list[KVLayer], src: Int[Array, "C"], dst: Int[Array, "C"],
+               layout: KVLayout = KVLayout.TOKEN_MAJOR) -> list[KVLayer]:
     """``page[dst[i]] = page[src[i]]`` in every layer (copy-on-write after ``PageTable.fork``).
 
     DONATES ``cache``. Pad with ``(0, 0)`` pairs (null page onto itself) to keep shapes fixed.
     """
-    return [(k.at[dst].set(k[src]), v.at[dst].set(v[src])) for k, v in cache]
+    return [layout.copy(layer, src, dst) for layer in cache]
 
 
-def copy_page_pairs(cache: list[KVLayer], pairs: Sequence[tuple[int, int]]) -> list[KVLayer]:
+def copy_page_pairs(cache: list[KVLayer], pairs: Sequence[tuple[int, int]],
+                    layout: KVLayout = KVLayout.TOKEN_MAJOR) -> list[KVLayer]:
     """``copy_pages`` of ``(src, dst)`` pairs, padded to a power of two with null pairs (few
     compilations). DONATES ``cache``."""
     n = 1 << (len(pairs) - 1).bit_length()
     src, dst = np.zeros(n, np.int32), np.zeros(n, np.int32)
     src[:len(pairs)], dst[:len(pairs)] = zip(*pairs)
-    return copy_pages(cache, src, dst)
+    return copy_pages(cache, src, dst, layout)

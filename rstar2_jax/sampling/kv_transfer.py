@@ -13,7 +13,9 @@ The same reads and writes swap a preempted sequence's K/V to the host and back (
 instead of recomputing it, when the engine has ``EngineConfig.swap_tokens``.
 
 Reads gather whole pages and writes scatter whole pages, padded to a power-of-two page count
-(null page 0 as padding: it only ever takes writes nobody reads), so each size compiles once.
+(null page 0 as padding: it only ever takes writes nobody reads), so each size compiles once. They
+go through the engine's ``KVLayout``, so two engines with different page layouts (a GPU engine and a
+CPU one) exchange sequences: the host copy is always in token order.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from rstar2_jax.sampling.kv_layout import KVLayout
 from rstar2_jax.sampling.sampling_fns import RowParams
 
 HostKV = tuple[tuple[np.ndarray, np.ndarray], ...]  # per layer (k [T, K, H], v [T, K, H])
@@ -64,31 +67,32 @@ def _padded(pages: Sequence[int]) -> np.ndarray:
     return out
 
 
-@jax.jit
-def _gather(cache: list, pages: jax.Array) -> list:
-    return [(k[pages], v[pages]) for k, v in cache]
+@functools.partial(jax.jit, static_argnames=("layout",))
+def _gather(cache: list, pages: jax.Array, layout: KVLayout) -> list:
+    return [layout.gather(layer, pages) for layer in cache]  # [n, Z, K, H] each, whatever the layout
 
 
-@functools.partial(jax.jit, donate_argnames=("cache",))
-def _scatter(cache: list, pages: jax.Array, kv: list) -> list:
-    return [(k.at[pages].set(nk.astype(k.dtype)), v.at[pages].set(nv.astype(v.dtype)))
-            for (k, v), (nk, nv) in zip(cache, kv)]
+@functools.partial(jax.jit, donate_argnames=("cache",), static_argnames=("layout",))
+def _scatter(cache: list, pages: jax.Array, kv: list, layout: KVLayout) -> list:
+    return [layout.scatter(layer, pages, nk, nv) for layer, (nk, nv) in zip(cache, kv)]
 
 
-def read_tokens(cache: list, pages: Sequence[int], n_tokens: int) -> HostKV:
-    """Host copies of the K/V of the first ``n_tokens`` positions held in ``pages`` (in order)."""
-    page_size = cache[0][0].shape[1]
+def read_tokens(cache: list, pages: Sequence[int], n_tokens: int,
+                layout: KVLayout = KVLayout.TOKEN_MAJOR) -> HostKV:
+    """Host copies of the K/V of the first ``n_tokens`` positions held in ``pages`` (in order);
+    ``layout``: how ``cache`` stores its pages (the host copy is ``[n_tokens, K, H]`` in any)."""
+    page_size = layout.dims(cache[0])[1]
     need = -(-n_tokens // page_size)
     if need > len(pages):
         raise ValueError(f"read_tokens: {n_tokens} tokens need {need} pages, the sequence holds {len(pages)}")
-    got = jax.device_get(_gather(cache, _padded(list(pages)[:need])))
+    got = jax.device_get(_gather(cache, _padded(list(pages)[:need]), layout))
     return tuple((k.reshape(-1, *k.shape[2:])[:n_tokens], v.reshape(-1, *v.shape[2:])[:n_tokens]) for k, v in got)
 
 
-def write_tokens(cache: list, pages: Sequence[int], kv: HostKV) -> list:
+def write_tokens(cache: list, pages: Sequence[int], kv: HostKV, layout: KVLayout = KVLayout.TOKEN_MAJOR) -> list:
     """``cache`` with ``kv``'s positions written into ``pages`` in order (the rest of the last page
     and the padding pages get zeros). DONATES ``cache``."""
-    page_size = cache[0][0].shape[1]
+    page_size = layout.dims(cache[0])[1]
     n = kv[0][0].shape[0]
     idx = _padded(list(pages))
     if -(-n // page_size) > len(pages):
@@ -99,7 +103,7 @@ def write_tokens(cache: list, pages: Sequence[int], kv: HostKV) -> list:
         buf[0, :n], buf[1, :n] = k, v
         buf = buf.reshape(2, len(idx), page_size, *k.shape[1:])
         paged.append((buf[0], buf[1]))
-    return _scatter(cache, idx, paged)
+    return _scatter(cache, idx, paged, layout)
 
 
 class SwapSpace:
@@ -108,14 +112,14 @@ class SwapSpace:
     (when it fits; else the victim recomputes, as without swap) and ``restore`` writes it back into
     the pages it gets on admission. Counters: ``out_tokens`` / ``in_tokens`` since construction."""
 
-    def __init__(self, capacity: int):
-        self.capacity, self.used = capacity, 0
+    def __init__(self, capacity: int, layout: KVLayout = KVLayout.TOKEN_MAJOR):
+        self.capacity, self.used, self.layout = capacity, 0, layout
         self.out_tokens, self.in_tokens = 0, 0
 
     def evict(self, cache: list, pages: Sequence[int], seq: Any) -> None:
         n = seq.cached
         if n and self.used + n <= self.capacity:
-            seq.swapped = read_tokens(cache, pages, n)
+            seq.swapped = read_tokens(cache, pages, n, self.layout)
             self.used += n
             self.out_tokens += n
 
@@ -126,7 +130,8 @@ class SwapSpace:
         self.used -= n
         self.in_tokens += n
         seq.cached = n
-        return write_tokens(cache, list(pages)[:-(-n // cache[0][0].shape[1])], kv)
+        z = self.layout.dims(cache[0])[1]
+        return write_tokens(cache, list(pages)[:-(-n // z)], kv, self.layout)
 
     def drop(self, seq: Any) -> None:
         """Forget a released sequence's swapped K/V."""
@@ -135,9 +140,9 @@ class SwapSpace:
             seq.swapped = None
 
 
-def check_compatible(kv: HostKV, cache: list) -> None:
+def check_compatible(kv: HostKV, cache: list, layout: KVLayout = KVLayout.TOKEN_MAJOR) -> None:
     """``ValueError`` unless ``kv`` has the cache's layers, kv heads and head size."""
-    want = [(tuple(k.shape[2:]), tuple(v.shape[2:])) for k, v in cache]
+    want = [(layout.dims(layer)[2:],) * 2 for layer in cache]
     got = [(tuple(k.shape[1:]), tuple(v.shape[1:])) for k, v in kv]
     if got != want:
         raise ValueError(f"import_seq: exported K/V has layers x (kv heads, head dim) {got}, this engine's cache "

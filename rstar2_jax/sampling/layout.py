@@ -11,8 +11,9 @@ vLLM style; ``model.sharding.ENGINE_RULES``, the trainer's ``ShardingRules`` typ
 * KV heads: with ``K % T == 0`` each device holds ``K / T`` KV heads (``kv = T, rep = 1``). With
   ``K < T`` (``T % K == 0``) each KV head is **replicated** over ``rep = T / K`` devices, as vLLM
   does: the query heads are split over ``("kv", "rep")`` kv-major, so the ``N / T`` query heads of
-  a device all belong to the one KV head that device holds (``kv = K``). The paged KV cache
-  ``[P, Z, K, H]`` is split over ``"kv"`` the same way, so a device stores ``max(K / T, 1)`` heads.
+  a device all belong to the one KV head that device holds (``kv = K``). The paged KV cache is split
+  over ``"kv"`` on its kv-head axis (in whichever ``KVLayout`` the engine stores it), so a device
+  stores ``max(K / T, 1)`` heads; an attention kernel runs under ``shard_map`` over the sub-mesh.
 * The page table stays on the host; only the page arrays are sharded.
 
 The engine's jitted step then runs as one SPMD program over the sub-mesh (sharding propagation
@@ -32,6 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.sharding import ENGINE_AXES, ENGINE_RULES
+from rstar2_jax.sampling.kv_layout import KVLayout
 
 __all__ = ["ENGINE_AXES", "EngineLayout", "leaf_devices", "tp_split"]
 
@@ -75,10 +77,9 @@ class EngineLayout:
             return v.replace(NamedSharding(self.mesh, self.logical_spec(logical, x.shape)))
         return jax.tree.map(one, params, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
-    @property
-    def cache_sharding(self) -> NamedSharding:
-        """K/V pages ``[P, Z, K, H]``: KV heads over ``"kv"`` (replicated over ``"rep"``)."""
-        return NamedSharding(self.mesh, P(None, None, "kv" if self.kv > 1 else None, None))
+    def cache_sharding(self, kv_layout: KVLayout = KVLayout.TOKEN_MAJOR) -> NamedSharding:
+        """K/V pages in ``kv_layout``: KV heads over ``"kv"`` (replicated over ``"rep"``)."""
+        return NamedSharding(self.mesh, kv_layout.partition_spec("kv" if self.kv > 1 else None))
 
     # -- placing -----------------------------------------------------------------------------------
     def put_params(self, params: nnx.State) -> nnx.State:
@@ -89,8 +90,8 @@ class EngineLayout:
                 x.dtype, jnp.floating) else x.astype(self.weight_dtype), params)
         return jax.device_put(params, self.param_shardings(params))
 
-    def put_cache(self, cache: list) -> list:
-        return jax.device_put(cache, self.cache_sharding)
+    def put_cache(self, cache: list, kv_layout: KVLayout = KVLayout.TOKEN_MAJOR) -> list:
+        return jax.device_put(cache, self.cache_sharding(kv_layout))
 
     def __repr__(self) -> str:
         return f"EngineLayout(devices={[d.id for d in self.devices]}, kv={self.kv}, rep={self.rep})"

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from jaxtyping import Bool, Float, Int, UInt32
 
 from rstar2_jax.sampling import kv_cache
@@ -59,10 +60,12 @@ class MixedSpec:
     prefill_rows: int  # Pr
     prefill_chunk: int  # C
     page_size: int  # Z
-    attention_impl: str
+    attention_impl: str  # resolved kernel name (kv_cache.KERNELS)
+    mesh: Mesh | None = None  # a tensor-parallel engine's sub-mesh (kernels under shard_map)
 
     def step_spec(self) -> StepSpec:
-        return StepSpec(self.rows, self.prefill_rows, self.prefill_chunk, self.page_size, self.attention_impl)
+        return StepSpec(self.rows, self.prefill_rows, self.prefill_chunk, self.page_size, self.attention_impl,
+                        self.mesh)
 
 
 @jax.tree_util.register_dataclass
@@ -164,7 +167,7 @@ def mixed_loop(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.K
         i, cache, tok, pos, active, *_ = carry = start(carry)
         cache, new, lp = decode_rows(graphdef, params, cache, tok, pos, active, batch.block_tables, batch.key_data,
                                      batch.temperature, batch.top_k, batch.top_p, batch.greedy, spec.page_size,
-                                     spec.attention_impl)
+                                     spec.attention_impl, spec.mesh)
         i, _, *rest = decode_update(carry, new, lp)
         return (i + 1, cache, *rest)
 

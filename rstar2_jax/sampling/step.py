@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 from jaxtyping import Bool, Float, Int, UInt32
 
 from rstar2_jax.model import apply, head_weight
@@ -43,7 +44,8 @@ class StepSpec:
     prefill_rows: int  # Pr; 0 = the decode-only variant
     prefill_chunk: int  # C: tokens per prefill row
     page_size: int  # Z: token positions per KV page
-    attention_impl: str  # decode-row attention: "reference" or a registered kernel
+    attention_impl: str  # "reference" or a registered kernel (kv_cache.KERNELS; resolved, never "auto")
+    mesh: Mesh | None = None  # a tensor-parallel engine's sub-mesh: kernels run under shard_map over it
 
 
 @jax.tree_util.register_dataclass
@@ -122,19 +124,14 @@ def step_rows(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KV
     b, pr, c = spec.decode_rows, spec.prefill_rows, spec.prefill_chunk
     bt = batch.block_tables  # i32[R, M]
     page_t, slot_t = kv_cache.token_destinations(bt, batch.row_t, batch.pos_t, batch.valid_t, spec.page_size)
+    layout = kv_cache.layout_for(spec.attention_impl)
 
     def attend(layer, q_btnh, k_btkh, v_btkh, kv):
-        kv = kv_cache.write_kv(kv, k_btkh[0], v_btkh[0], page_t, slot_t)
-        q = q_btnh[0]  # [T, N, H]
-        with jax.named_scope("decode_attention"):
-            out = [kv_cache.paged_attention(q[:b, None], kv, bt[:b], batch.pos_t[:b, None],
-                                            impl=spec.attention_impl)[:, 0]]
-        if pr:
-            with jax.named_scope("prefill_attention"):
-                qp = q[b:].reshape(pr, c, *q.shape[1:])
-                op = kv_cache.paged_attention(qp, kv, bt[b:], batch.pos_t[b:].reshape(pr, c))
-            out.append(op.reshape(pr * c, *q.shape[1:]))
-        return jnp.concatenate(out)[None], kv
+        kv = kv_cache.write_kv(kv, k_btkh[0], v_btkh[0], page_t, slot_t, layout)
+        with jax.named_scope("ragged_attention"):  # decode rows and chunk rows in one call
+            out = kv_cache.ragged_attention(q_btnh[0], kv, bt, batch.pos_t, ((b, 1), (pr, c)),
+                                            impl=spec.attention_impl, layout=layout, mesh=spec.mesh)
+        return out[None], kv
 
     hidden, cache = apply(graphdef, params, batch.tokens_t[None], batch.pos_t[None], attend=attend, kv=cache)
     h_rd = hidden[0, batch.sample_t]  # [R, D]
@@ -149,7 +146,7 @@ def step_rows(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KV
 def decode_rows(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.KVLayer],
                 tokens_b: jax.Array, pos_b: jax.Array, valid_b: jax.Array, bt_bm: jax.Array,
                 key_data: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array,
-                greedy: jax.Array, page_size: int, attention_impl: str):
+                greedy: jax.Array, page_size: int, attention_impl: str, mesh: Mesh | None = None):
     """One decode step of B single-token rows (``step_rows``' math without prefill rows; ``mixed_loop``'s
     decode-only iterations): write K/V, attend, sample token index ``pos + 1``.
 
@@ -158,12 +155,14 @@ def decode_rows(graphdef: nnx.GraphDef, params: nnx.State, cache: list[kv_cache.
     """
     b = tokens_b.shape[0]
     page_b, slot_b = kv_cache.token_destinations(bt_bm, jnp.arange(b, dtype=jnp.int32), pos_b, valid_b, page_size)
+    layout = kv_cache.layout_for(attention_impl)
 
     def attend(layer, q_btnh, k_btkh, v_btkh, kv):
-        kv = kv_cache.write_kv(kv, k_btkh[0], v_btkh[0], page_b, slot_b)
+        kv = kv_cache.write_kv(kv, k_btkh[0], v_btkh[0], page_b, slot_b, layout)
         with jax.named_scope("decode_attention"):
-            out = kv_cache.paged_attention(q_btnh[0][:, None], kv, bt_bm, pos_b[:, None], impl=attention_impl)
-        return out[:, 0][None], kv
+            out = kv_cache.ragged_attention(q_btnh[0], kv, bt_bm, pos_b, ((b, 1),), impl=attention_impl,
+                                            layout=layout, mesh=mesh)
+        return out[None], kv
 
     hidden, cache = apply(graphdef, params, tokens_b[None], pos_b[None], attend=attend, kv=cache)
     h_bd = hidden[0]

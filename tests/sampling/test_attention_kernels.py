@@ -1,7 +1,7 @@
-"""Decode-attention kernels behind ``EngineConfig.attention_impl`` equal the pure-JAX reference.
+"""Paged-attention kernels behind ``EngineConfig.attention_impl`` equal the pure-JAX reference on decode rows.
 
-``pallas_gpu_interpret`` runs ``jax.experimental.pallas.ops.gpu.paged_attention`` in Pallas interpret
-mode (so on CPU); ``pallas_tpu_reference`` is the TPU adapter (combined K/V pages, ragged query runs)
+``pallas_gpu_interpret`` runs the engine's Pallas ragged kernel (``attention_kernels``) in interpret
+mode (so on CPU) over kv-head-major pages; ``pallas_tpu_reference`` is the TPU adapter (combined K/V pages, ragged query runs)
 over that module's pure-JAX reference, called eagerly (the Mosaic kernel itself needs a TPU). Ragged lengths (1 token,
 exactly one page, one past a page, several pages), GQA and MQA, pages of 8 and 16 tokens; and bf16
 pages within a stated tolerance of fp32. The flat decode form equals the per-kv-head blockwise one.
@@ -49,7 +49,7 @@ def test_kernel_equals_reference(impl, z, n, k):
     want = _attend(q, layer, bt, qpos, impl="reference")
     # the TPU module's reference loops over concrete lengths in Python: call the adapter eagerly
     attend = kv_cache.paged_attention if impl == "pallas_tpu_reference" else _attend
-    got = attend(q, layer, bt, qpos, impl=impl)
+    got = attend(q, kv_cache.layout_for(impl).from_token_major(*layer), bt, qpos, impl=impl)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-5, rtol=1e-5)
 
 
@@ -69,6 +69,6 @@ def test_bf16_pages_within_tolerance_of_fp32(impl):
     q, layer32, bt, qpos = _setup(8, 4, 2, seed=2)
     layer16 = tuple(x.astype(jnp.bfloat16) for x in layer32)
     want = np.asarray(_attend(q, layer32, bt, qpos, impl="reference"))
-    got = np.asarray(_attend(q, layer16, bt, qpos, impl=impl), np.float32)
+    got = np.asarray(_attend(q, kv_cache.layout_for(impl).from_token_major(*layer16), bt, qpos, impl=impl), np.float32)
     assert got.dtype == np.float32 and np.abs(want).max() > 0.3
     np.testing.assert_allclose(got, want, atol=BF16_ATOL)

@@ -50,16 +50,19 @@ def test_decode_attention_equals_dense(impl):
     pt, layer, ks, vs = _paged_setup(lengths)
     q = jax.random.normal(jax.random.key(0), (3, 1, N, H))
     qpos = jnp.asarray([[n - 1] for n in lengths])
+    layer = kv_cache.layout_for(impl).from_token_major(*layer)
     out = _attend(q, layer, jnp.asarray(pt.block_table([0, 1, 2])), qpos, impl=impl)
     for i, n in enumerate(lengths):
         np.testing.assert_allclose(out[i], _dense_ref(q[i], ks[i], vs[i], [n - 1]), atol=1e-5)
 
 
-def test_chunk_attention_is_causal_within_the_chunk():
+@pytest.mark.parametrize("impl", ["reference", "pallas_gpu_interpret"])
+def test_chunk_attention_is_causal_within_the_chunk(impl):
     pt, layer, ks, vs = _paged_setup([11])
     q = jax.random.normal(jax.random.key(1), (1, 6, N, H))
     qpos = jnp.arange(5, 11)[None]  # an extend chunk over positions 5..10
-    out = _attend(q, layer, jnp.asarray(pt.block_table([0])), qpos)
+    layer = kv_cache.layout_for(impl).from_token_major(*layer)
+    out = _attend(q, layer, jnp.asarray(pt.block_table([0])), qpos, impl=impl)
     np.testing.assert_allclose(out[0], _dense_ref(q[0], ks[0], vs[0], np.arange(5, 11)), atol=1e-5)
 
 

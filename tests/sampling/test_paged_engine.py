@@ -181,20 +181,22 @@ def test_stop_tokens_and_stop_strings_pause_and_keep_pages(policy):
     assert eng.free_pages() == CFG.num_pages - 1
 
 
-def test_registered_decode_kernel_is_used_and_matches(policy):
-    from rstar2_jax.sampling import kv_cache, register_decode_kernel
+def test_registered_attention_kernel_is_used_and_matches(policy):
+    from rstar2_jax.sampling import kv_cache, register_attention_kernel
     calls = []
 
-    def kernel(q_rnh, layer, bt_rm, lengths_r):  # the reference, called through the hook
-        calls.append(q_rnh.shape)
-        return kv_cache.paged_attention(q_rnh[:, None], layer, bt_rm, (lengths_r - 1)[:, None])[:, 0]
+    def kernel(q_rqnh, layer, bt_rm, pos_rq):  # the reference, called through the hook
+        calls.append(q_rqnh.shape)
+        return kv_cache.paged_attention(q_rqnh, layer, bt_rm, pos_rq)
 
-    register_decode_kernel("test_reference", kernel)
+    register_attention_kernel("test_reference", kernel)
     cfg = EngineConfig(num_slots=2, page_size=4, max_seq_len=MAX_LEN, num_pages=32, attention_impl="test_reference")
     eng = _engine(policy, cfg)
     sid = eng.submit(Request(prompt=_prompt(5, 1), key=0, max_new_tokens=6, sampler=Greedy()))
     assert _run(eng)[sid][0].tokens == _naive(policy, _prompt(5, 1), 0, 6)[0]
-    assert calls and all(shape == (2, 4, 16) for shape in calls)  # [decode rows, N, H], traced per layer
+    # [rows, Q, N, H], traced per layer: decode rows (Q = 1) and the chunk rows (Q = prefill_chunk) both
+    assert (2, 1, 4, 16) in calls and (cfg.prefill_rows, 1, 4, 16) not in calls[:0]
+    assert {q for _, q, _, _ in calls} == {1, cfg.prefill_chunk}
 
 
 def test_misuse_errors_are_clear(policy):
