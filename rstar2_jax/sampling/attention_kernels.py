@@ -158,6 +158,8 @@ def gpu_paged_attention(q_rqnh: jax.Array, layer: tuple[jax.Array, jax.Array], b
         out_shape=[jax.ShapeDtypeStruct((*part, h), jnp.float32), jax.ShapeDtypeStruct(part, jnp.float32),
                    jax.ShapeDtypeStruct(part, jnp.float32)],
         interpret=interpret, name=f"ragged_paged_attention_q{nq}_rows{rows}_blk{blk}",
+        # Triton (NVIDIA and ROCm), not Mosaic GPU; warps as JAX's own kernels pick them (4 for small tiles)
+        compiler_params=plgpu.CompilerParams(num_warps=4 if rows * h <= 64 * 128 else 8, num_stages=2),
     )(qx, posx, bt, k_pages, v_pages)
     out = _combine(o, m, l).reshape(r, kh, qp, gp, h)[:, :, :nq, :g]  # [R, K, Q, G, H]
     return jnp.moveaxis(out, 1, 2).reshape(r, nq, n, h).astype(q_rqnh.dtype)

@@ -72,3 +72,36 @@ def test_bf16_pages_within_tolerance_of_fp32(impl):
     got = np.asarray(_attend(q, kv_cache.layout_for(impl).from_token_major(*layer16), bt, qpos, impl=impl), np.float32)
     assert got.dtype == np.float32 and np.abs(want).max() > 0.3
     np.testing.assert_allclose(got, want, atol=BF16_ATOL)
+
+
+@pytest.mark.parametrize("impl", ["pallas_gpu_interpret", "pallas_tpu_reference"])
+def test_chunk_rows_with_gqa5_equal_reference(impl):
+    """Prefill/extend chunk rows (Q = 7 here, causal inside the chunk) at a GQA ratio of 5, one row
+    all padding (positions 0), through the kernel's own page layout."""
+    rng = np.random.default_rng(3)
+    p, z, k, n = 40, 4, 2, 10
+    kv = [jnp.asarray(rng.normal(size=(p, z, k, H)), jnp.float32) for _ in range(2)]
+    bt = jnp.asarray(rng.permutation(np.arange(1, p))[:18].reshape(3, 6), jnp.int32)
+    pos = jnp.asarray(np.stack([np.arange(3, 10), np.zeros(7, int), np.arange(15, 22)]), jnp.int32)
+    q = jnp.asarray(rng.normal(size=(3, 7, n, H)), jnp.float32)
+    want = kv_cache.paged_attention(q, tuple(kv), bt, pos)
+    got = kv_cache.paged_attention(q, kv_cache.layout_for(impl).from_token_major(*kv), bt, pos, impl=impl)
+    np.testing.assert_allclose(np.asarray(got)[[0, 2]], np.asarray(want)[[0, 2]], atol=2e-6)
+
+
+def test_gpu_kernel_splits_long_contexts_and_equals_reference():
+    """Few decode rows over a long block table: the kernel splits each row's context (flash-decoding)
+    and merges the partials; rows shorter than a split's start leave that split empty."""
+    from rstar2_jax.sampling import attention_kernels as ak
+    z, k, n, m = 4, 2, 10, 100  # key block: 128 positions = 32 pages; 100 pages = 4 blocks (not a multiple)
+    rng = np.random.default_rng(4)
+    p = 2 * m + 1
+    kv = [jnp.asarray(rng.normal(size=(p, z, k, H)), jnp.float32) for _ in range(2)]
+    bt = jnp.asarray(1 + rng.permutation(p - 1)[:2 * m].reshape(2, m), jnp.int32)
+    pos = jnp.asarray([[399], [40]], jnp.int32)  # row 1 ends inside the first split
+    q = jnp.asarray(rng.normal(size=(2, 1, n, H)), jnp.float32)
+    assert ak.key_block(z, H) == 128 and -(-m // (ak.key_block(z, H) // z)) == 4
+    want = kv_cache.paged_attention(q, tuple(kv), bt, pos)
+    got = _attend(q, kv_cache.layout_for("pallas_gpu_interpret").from_token_major(*kv), bt, pos,
+                  impl="pallas_gpu_interpret")
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=2e-6)
