@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 _DTYPES = ("float32", "bfloat16", "float16")
-ATTENTION_IMPLS = ("blockwise", "dense", "pallas_gpu")  # training attention (model/attention.py)
+# training attention (model/attention.py; the GPU ones in model/attention_gpu.py)
+ATTENTION_IMPLS = ("blockwise", "dense", "pallas_gpu", "pallas_gpu_interpret", "cudnn")
 REMAT_POLICIES = ("none", "full", "dots")  # per-layer rematerialisation of the training forward
 
 
@@ -52,7 +53,9 @@ class ModelConfig:
     initializer_range: float | None = dataclasses.field(default=0.02, compare=False)
     # Training forward (no KV cache): attention kernel, its block length, remat policy, layer scan.
     attention_impl: str = "blockwise"  # "blockwise" (O(T x block) memory, any backend) | "dense" (T^2
-    #   fp32 scores: the reference) | "pallas_gpu" (the Pallas/Triton flash kernel, GPU; interpreted on CPU)
+    #   fp32 scores: the reference) | "pallas_gpu" (the Pallas/Triton flash kernel: always lowers Triton,
+    #   GPU only, exportable from a CPU host) | "pallas_gpu_interpret" (the same kernel interpreted: CPU
+    #   tests) | "cudnn" (cuDNN fused attention, GPU; unpacked right-padded rows only)
     attention_block: int = 512  # b: query/key block of "blockwise"
     remat: str = "full"  # "full": keep each layer's input only | "dots": also its matmul outputs | "none"
     scan_layers: bool = True  # lax.scan over the stacked layers (compiles one layer); False = unrolled

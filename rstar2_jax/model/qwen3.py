@@ -45,8 +45,11 @@ def training_attention(cfg: ModelConfig, q_btnh: jax.Array, k_btkh: jax.Array, v
         return blockwise_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, block=cfg.attention_block)
     if cfg.attention_impl == "dense":
         return dense_attention(q_btnh, k_btkh, v_btkh, causal_segment_mask(segment_ids_bt))
-    from rstar2_jax.model.attention_gpu import pallas_gpu_attention  # "pallas_gpu"
-    return pallas_gpu_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt, block=min(cfg.attention_block, 128))
+    from rstar2_jax.model import attention_gpu  # GPU kernels: "pallas_gpu", "pallas_gpu_interpret", "cudnn"
+    if cfg.attention_impl == "cudnn":  # unpacked right-padded rows only (attention_gpu.cudnn_attention)
+        return attention_gpu.cudnn_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt)
+    return attention_gpu.pallas_gpu_attention(q_btnh, k_btkh, v_btkh, segment_ids_bt,
+                                              interpret=cfg.attention_impl == "pallas_gpu_interpret")
 
 
 _REMAT_POLICY = {"full": jax.checkpoint_policies.nothing_saveable,

@@ -76,7 +76,7 @@ def test_blockwise_skips_masked_blocks_and_stays_exact_in_bf16_inputs():
 def test_pallas_gpu_kernel_equals_dense_in_interpret_mode():
     t = 40
     q, k, v = _qkv(3, t, 4, 2, 16)
-    _compare(pallas_gpu_attention, q, k, v, _ragged_segments(t), block=16, interpret=True)
+    _compare(pallas_gpu_attention, q, k, v, _ragged_segments(t), interpret=True)
 
 
 # -- the training layer stack -------------------------------------------------------------------------
