@@ -64,11 +64,28 @@ def rl_batch_spec(rows: int, seq_len: int, mesh=None) -> dict:
             "old_logp": spec(bt, jnp.float32), "advantages": spec((rows,), jnp.float32)}
 
 
-def xla_plan(model_cfg, rl_cfg, *, rows: int, seq_len: int, mesh=None) -> dict[str, XlaMemory]:
-    """Compile the RL step's programs on abstract params of ``model_cfg`` (a ``ModelConfig``) and
-    ``rl_cfg`` (an ``RLConfig``): ``{"update": ..., "logprobs": ...}``, bytes on one device. Without
-    ``mesh`` for the default device; with a ``jax.sharding.Mesh`` (``model.make_mesh``) sharded as the
-    learner shards them (``train_state_shardings``; ``rows`` is then the global batch over data x fsdp)."""
+def sft_batch_spec(rows: int, seq_len: int, mesh=None) -> dict:
+    """``ShapeDtypeStruct``s of a packed SFT batch (``train.sft.SFT_KEYS``, ``[rows, T]``); with ``mesh``
+    its rows over ``("data", "fsdp")``."""
+    import jax
+    import jax.numpy as jnp
+
+    from rstar2_jax.model import batch_sharding
+    from rstar2_jax.train.sft import SFT_KEYS
+
+    sh = None if mesh is None else batch_sharding(mesh, 2)
+    return {k: jax.ShapeDtypeStruct((rows, seq_len), jnp.float32 if k == "loss_mask" else jnp.int32, sharding=sh)
+            for k in SFT_KEYS}
+
+
+def trainer_programs(model_cfg, rl_cfg, *, rows: int, seq_len: int, mesh=None, sft_cfg=None) -> dict:
+    """The trainer's jitted programs on abstract params of ``model_cfg`` (nothing allocated):
+    ``{name: (jitted, args)}`` for ``"update"`` (``train_step``, the state donated as the learner
+    donates it), ``"logprobs"`` (the π_old recompute, ``make_logprob_fn``'s program) and, with
+    ``sft_cfg`` (an ``SFTConfig``), ``"sft"`` (``sft_step`` jitted as ``make_sft_step`` jits it).
+    Without ``mesh`` for the default device; with a ``jax.sharding.Mesh`` sharded as the learner
+    shards them (``train_state_shardings``; ``rows`` is then the global batch over data x fsdp);
+    lower or compile them under ``jax.set_mesh(mesh)``."""
     import jax
     from flax import nnx
 
@@ -84,12 +101,33 @@ def xla_plan(model_cfg, rl_cfg, *, rows: int, seq_len: int, mesh=None) -> dict[s
         sh = train_state_shardings(params, rl_cfg, mesh)
         kw = dict(in_shardings=(sh, None), out_shardings=(sh, None))
     update = jax.jit(functools.partial(train_step, graphdef=graphdef, cfg=rl_cfg), donate_argnums=(0,), **kw)
-    logp = make_logprob_fn(graphdef, rl_cfg).jitted
+    out = {"update": (update, (state, batch)),
+           "logprobs": (make_logprob_fn(graphdef, rl_cfg).jitted, (state.params, batch))}
+    if sft_cfg is not None:
+        from rstar2_jax.train.sft import sft_step
+
+        sft_rl = sft_cfg.rl_view()
+        sft_state = abstract_train_state(params, sft_rl, mesh)
+        skw = {}
+        if mesh is not None:
+            ssh = train_state_shardings(params, sft_rl, mesh)
+            skw = dict(in_shardings=(ssh, None), out_shardings=(ssh, None))
+        sft = jax.jit(functools.partial(sft_step, graphdef=graphdef, cfg=sft_cfg), donate_argnums=(0,), **skw)
+        out["sft"] = (sft, (sft_state, sft_batch_spec(rows, seq_len, mesh)))
+    return out
+
+
+def xla_plan(model_cfg, rl_cfg, *, rows: int, seq_len: int, mesh=None) -> dict[str, XlaMemory]:
+    """Compile the RL step's programs on abstract params of ``model_cfg`` (a ``ModelConfig``) and
+    ``rl_cfg`` (an ``RLConfig``): ``{"update": ..., "logprobs": ...}``, bytes on one device. Without
+    ``mesh`` for the default device; with a ``jax.sharding.Mesh`` (``model.make_mesh``) sharded as the
+    learner shards them (``train_state_shardings``; ``rows`` is then the global batch over data x fsdp)."""
+    import jax
+
+    progs = trainer_programs(model_cfg, rl_cfg, rows=rows, seq_len=seq_len, mesh=mesh)
     ctx = contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
     with ctx:
-        out = {"update": XlaMemory.of(update.lower(state, batch).compile())}
-        out["logprobs"] = XlaMemory.of(logp.lower(state.params, batch).compile())
-    return out
+        return {name: XlaMemory.of(fn.lower(*args).compile()) for name, (fn, args) in progs.items()}
 
 
 def table(plans: dict[str, XlaMemory]) -> str:
