@@ -51,6 +51,7 @@ from tqdm import tqdm  # noqa: E402
 from rstar2_jax.model import Qwen3, split_policy  # noqa: E402
 from rstar2_jax.model.config import ModelConfig  # noqa: E402
 from rstar2_jax.model.hf_io import export_hf, load_hf  # noqa: E402
+from rstar2_jax.run.roofline import decode_step_cost  # noqa: E402
 from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature  # noqa: E402
 from rstar2_jax.deploy.data_parallel import DataParallelEngine  # noqa: E402
 from rstar2_jax.utils.bench import Metric, report  # noqa: E402
@@ -241,11 +242,9 @@ def gpu_roofline(args, tmp: Path) -> None:
     secs = statistics.median(run_ours(engine, prompts, long_, seed=r)[1] for r in range(args.gpu_reps))
     tps = b * NEW / secs
     step_s = (secs - t_short) / (long_ - short)  # one decode step of all rows, prefill and start-up excluded
-    # Bytes one decode step reads: every weight once (a tied embedding is read whole by the LM head)
-    # plus each row's K/V up to its position (mean over the decode steps measured).
-    w_bytes = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(params))
-    kv_per_pos = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * 2  # K and V, bf16
-    step_bytes = w_bytes + b * (PROMPT + (short + long_) / 2) * kv_per_pos
+    # Bytes one decode step reads (run/roofline.py): every weight once (a tied embedding is read whole by
+    # the LM head) plus each row's K/V up to its position (mean over the decode steps measured), bf16.
+    step_bytes = decode_step_cost(cfg, b, PROMPT + (short + long_) // 2).bytes
     gbps = step_bytes / step_s / 1e9
     line = (f"GPU {dev.device_kind} ({args.gpu_attention} attention, bf16 weights + KV): ours {tps:.0f} tok/s at "
             f"B={b} (whole generation), decode step {step_s * 1e3:.2f} ms, {step_bytes / 1e9:.2f} GB read per step "

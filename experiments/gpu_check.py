@@ -8,7 +8,12 @@ full per-layer remat and the scanned stack. Prints, per case, the device's peak 
 temporary-buffer plan, the compile time and the median of 3 timed steps, and a last line
 ``gpu_check: ...``. A case that fails prints its error and the others still run. Then part 2
 (issue 33): ``bench_real_shapes.py`` with the 0.6B shape in bf16, ``attention_impl="pallas_gpu"`` and
-the scanned stack, through the recipe's driver; its summary line and a cell of the last line.
+the scanned stack, through the recipe's driver; its summary line and a cell of the last line. Part 3
+(issue 42, only when ``jax.devices()[0].platform == "gpu"``, else skipped with the reason): the
+engine's mixed decode loop on the 0.6B shape (random bf16 weights, bf16 K/V, ``pallas_gpu``
+attention; ``bench_generate``'s helpers) at B = 8, 32, 128, 32-token prompts: decode tokens/s from the
+difference of a 128- and an 8-token generation (prefill and start-up cancel), and
+``decode_roofline_frac`` = measured / the bound of ``rstar2_jax.run.roofline`` on that device.
 
     python experiments/gpu_check.py                 # on the GPU machine (~5 min + part 2, not yet timed)
     python experiments/gpu_check.py --quick         # CPU smoke: 2 layers, T in {256}, blockwise; part 2 tiny (~5 min)
@@ -22,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 
 def case(impl: str, t: int, layers: int, dtype: str) -> dict:
@@ -57,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--case", nargs=4, help=argparse.SUPPRESS)
+    ap.add_argument("--decode-case", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.decode_case:
+        print(json.dumps(decode_case()))
+        return 0
     if args.case:
         impl, t, layers, dtype = args.case
         print(json.dumps(case(impl, int(t), int(layers), dtype)))
@@ -75,8 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(results[-1]), flush=True)
     real, ok = real_shapes(args.quick)
     failed += not ok
+    roof, ok = decode_roofline()
+    failed += not ok
     print("gpu_check: " + ", ".join(f"{r['impl']}@{r['T']}: peak {r['peak_gb']:.1f} GB, {r['step_s']:.2f} s"
-                                    for r in results) + f", {real}, failed = {failed}")
+                                    for r in results) + f", {real}, {roof}, failed = {failed}")
     return int(failed > 0)
 
 
@@ -111,6 +123,68 @@ def real_shapes(quick: bool) -> tuple[str, bool]:
     cell = (f"real_shapes ({r['layers']} layers, {r['attention']}): device peak {r['device_peak_gb']:.1f} GB "
             f"(plan {r['plan_peak_gb']:.1f}), RL step {last.get('step_s', float('nan')):.1f} s")
     return cell, out.returncode == 0
+
+
+DECODE_BATCHES = (8, 32, 128)
+
+
+def decode_case() -> dict:
+    """Part 3 in its own process: measured decode tokens/s at each B and the roofline's bound (see the
+    module docstring); ``{"skipped": reason}`` when the first device is no GPU."""
+    import jax
+
+    dev = jax.devices()[0]
+    if dev.platform != "gpu":
+        return dict(skipped=f"no GPU (jax.devices()[0].platform = {dev.platform!r})")
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_generate import NEW, PROMPT, engine_cfg, prompts_for, qwen3_06b_cfg, run_ours
+    from flax import nnx
+
+    from rstar2_jax.model import Qwen3, split_policy
+    from rstar2_jax.run.roofline import ACCELERATORS, decode_step_cost, predict_tokens_per_s
+    from rstar2_jax.sampling import PagedEngine
+
+    cfg = qwen3_06b_cfg()
+    acc = next((a for k, a in ACCELERATORS.items() if k in dev.device_kind), None)
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    short, rows = 8, []
+    for b in DECODE_BATCHES:
+        engine = PagedEngine(graphdef, params, cfg, engine_cfg(b, None, kv_dtype="bfloat16",
+                                                               attention_impl="pallas_gpu"))
+        engine.warmup()
+        prompts = prompts_for(b, cfg.vocab_size, seed=1)
+        run_ours(engine, prompts, short)
+        t_short = statistics.median(run_ours(engine, prompts, short, seed=r)[1] for r in range(3))
+        t_long = statistics.median(run_ours(engine, prompts, NEW, seed=r)[1] for r in range(3))
+        step_s = (t_long - t_short) / (NEW - short)  # one decode step of all b rows
+        # mean live context over the steps measured: the prompt plus the middle of the decode window
+        pred = None if acc is None else predict_tokens_per_s(decode_step_cost(cfg, b, PROMPT + (short + NEW) // 2), acc)
+        rows.append(dict(batch=b, step_ms=step_s * 1e3, tokens_s=b / step_s, predicted_tokens_s=pred,
+                         frac=None if pred is None else b / step_s / pred))
+        del engine
+    return dict(device=str(dev.device_kind), accelerator=None if acc is None else acc.name, rows=rows)
+
+
+def decode_roofline() -> tuple[str, bool]:
+    """Part 3: ``decode_case`` in a fresh process; prints its rows and returns (a cell for the last line,
+    whether it ran: a CPU-only machine is skipped with the reason printed, not failed)."""
+    out = subprocess.run([sys.executable, __file__, "--decode-case"], capture_output=True, text=True)
+    if out.returncode:
+        print(f"decode_roofline: FAILED (exit {out.returncode})\n{out.stderr[-3000:]}", flush=True)
+        return "decode_roofline: failed", False
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    if "skipped" in r:
+        print(f"decode_roofline: SKIPPED ({r['skipped']})", flush=True)
+        return "decode_roofline_frac: skipped (no GPU)", True
+    for row in r["rows"]:
+        pred = "no roofline for this device" if row["frac"] is None else (
+            f"roofline {r['accelerator']} {row['predicted_tokens_s']:.0f} tok/s -> "
+            f"decode_roofline_frac {row['frac']:.2f}")
+        print(f"decode_roofline {r['device']} B={row['batch']}: step {row['step_ms']:.2f} ms, "
+              f"{row['tokens_s']:.0f} tok/s, {pred}", flush=True)
+    cells = ", ".join(f"B{row['batch']} = " + ("n/a" if row["frac"] is None else f"{row['frac']:.2f}")
+                      for row in r["rows"])
+    return f"decode_roofline_frac: {cells}", True
 
 
 if __name__ == "__main__":
