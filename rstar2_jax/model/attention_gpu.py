@@ -40,9 +40,12 @@ right-padded rows (one segment per row, segment 0 only at the end); cuDNN's nati
 path is for unpacked batches only: a packed row raises ``ValueError`` at trace time when the
 segment ids are concrete; under ``jit`` they are not, and a packed or left/hole-padded row then
 yields NaN outputs for that row (a loud failure instead of attention leaking across segments).
-Lowering it needs cuDNN at trace time (``jax._src.cudnn.fused_attention_stablehlo.
-check_cudnn_version`` raises ``RuntimeError("cuDNN is not detected.")`` without the CUDA plugin),
-so it cannot be exported for cuda from a CPU-only host and is untested numerically here.
+Even tracing it needs cuDNN: ``jax._src.cudnn.fused_attention_stablehlo.check_cudnn_version`` runs
+while the function is traced and raises ``RuntimeError("cuDNN is not detected.")`` when the CUDA
+plugin (``jax_cuda12_plugin``) is absent, so this path can be neither lowered nor ``jax.export``-ed
+for cuda from a CPU-only host (tried: ``jax.export(..., platforms=("cuda",))`` fails that way) and
+its numerics are untested here; the dispatch and the row check are tested. cuDNN also wants
+fp16/bf16 q/k/v (``ModelConfig.dtype``).
 """
 
 from __future__ import annotations
@@ -99,29 +102,32 @@ def pallas_gpu_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array
     return jnp.where((seg != 0)[:, :, None, None], out, 0).astype(q_btnh.dtype)[:, :t]
 
 
+def unpacked_right_padded(segment_ids_bt: jax.Array) -> jax.Array:
+    """``bool[B]``: row holds at most one nonzero segment id, and its padding (0) only at the end."""
+    valid = segment_ids_bt != 0
+    lengths = valid.sum(-1)
+    first = jnp.max(segment_ids_bt, axis=-1, keepdims=True)
+    one_segment = ~jnp.any(valid & (segment_ids_bt != first), -1)
+    right = jnp.all(valid == (jnp.arange(segment_ids_bt.shape[1])[None] < lengths[:, None]), -1)
+    return one_segment & right
+
+
 def cudnn_attention(q_btnh: jax.Array, k_btkh: jax.Array, v_btkh: jax.Array, segment_ids_bt: jax.Array
                     ) -> jax.Array:
     """Causal GQA with cuDNN fused attention, for unpacked right-padded rows (see module doc).
 
     Shapes as ``pallas_gpu_attention``; q/k/v must share a dtype (fp16/bf16 for cuDNN). Raises
-    ``ValueError`` when concrete ``segment_ids_bt`` hold a packed or non-right-padded row.
+    ``ValueError`` when concrete ``segment_ids_bt`` hold a packed or non-right-padded row; under
+    ``jit`` such a row's outputs are NaN instead.
     """
+    if not isinstance(segment_ids_bt, jax.core.Tracer) and not bool(np.all(unpacked_right_padded(
+            jnp.asarray(segment_ids_bt)))):
+        raise ValueError("segment_ids_bt: attention_impl='cudnn' needs unpacked rows (one segment per row, "
+                         "padding 0 only at the end); use 'pallas_gpu' for packed batches")
     valid = segment_ids_bt != 0
-    if not isinstance(segment_ids_bt, jax.core.Tracer):
-        s = np.asarray(segment_ids_bt)
-        nz = s != 0
-        lengths = nz.sum(-1)
-        right_padded = (nz == (np.arange(s.shape[1])[None] < lengths[:, None])).all(-1)
-        one_segment = np.array([len(np.unique(r[r != 0])) <= 1 for r in s])
-        if not (right_padded & one_segment).all():
-            raise ValueError("segment_ids_bt: attention_impl='cudnn' needs unpacked rows (one segment per "
-                             "row, padding 0 only at the end); use 'pallas_gpu' for packed batches")
     lengths = valid.sum(-1).astype(jnp.int32)
     out = jax.nn.dot_product_attention(q_btnh, k_btkh, v_btkh, is_causal=True, query_seq_lengths=lengths,
                                        key_value_seq_lengths=lengths, implementation="cudnn")
-    # runtime guard under jit: a row with a second segment or a padding hole is poisoned with NaN
-    first = jnp.max(segment_ids_bt, axis=-1, keepdims=True)
-    bad = jnp.any(valid & (segment_ids_bt != first), -1) | jnp.any(
-        valid != (jnp.arange(segment_ids_bt.shape[1])[None] < lengths[:, None]), -1)
-    out = jnp.where(bad[:, None, None, None], jnp.nan, out)
+    ok = unpacked_right_padded(segment_ids_bt)[:, None, None, None]  # runtime guard under jit
+    out = jnp.where(ok, out, jnp.nan)
     return jnp.where(valid[:, :, None, None], out, 0).astype(q_btnh.dtype)

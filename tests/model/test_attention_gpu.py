@@ -15,7 +15,8 @@ import pytest
 from flax import nnx
 
 from rstar2_jax.model import Qwen3, causal_segment_mask, dense_attention, split_policy, token_logprobs
-from rstar2_jax.model.attention_gpu import cudnn_attention, pallas_block_sizes, pallas_gpu_attention
+from rstar2_jax.model.attention_gpu import (cudnn_attention, pallas_block_sizes, pallas_gpu_attention,
+                                            unpacked_right_padded)
 from rstar2_jax.model.config import ModelConfig
 from rstar2_jax.model.qwen3 import training_attention
 
@@ -124,6 +125,9 @@ def test_cudnn_dispatch_and_packed_rows_rejected():
         cudnn_attention(q, k, v, jnp.asarray(hole))
     right = np.ones((B, T), np.int32)
     right[0, 30:] = 0
+    rows = np.stack([right[0], right[1] * 4, hole[1], np.asarray(_segments())[0], np.zeros(T, np.int32)])
+    ok = jax.jit(unpacked_right_padded)(jnp.asarray(rows))  # the guard cudnn_attention also applies under jit
+    assert ok.tolist() == [True, True, False, False, True]
     # unpacked right-padded rows pass the check; lowering then needs cuDNN, absent on a CPU host
     try:
         jax.jit(lambda q, k, v: training_attention(cfg, q, k, v, jnp.asarray(right))).lower(q, k, v)
