@@ -13,7 +13,8 @@ the scanned stack, through the recipe's driver; its summary line and a cell of t
 engine's mixed decode loop on the 0.6B shape (random bf16 weights, bf16 K/V, ``pallas_gpu``
 attention; ``bench_generate``'s helpers) at B = 8, 32, 128, 32-token prompts: decode tokens/s from the
 difference of a 128- and an 8-token generation (prefill and start-up cancel), and
-``decode_roofline_frac`` = measured / the bound of ``rstar2_jax.run.roofline`` on that device.
+``decode_roofline_frac`` = measured / the bound of ``rstar2_jax.run.roofline`` on that device; before
+it, ``kernel_check``: the Pallas ragged kernel against the reference on the device (greedy tokens).
 
     python experiments/gpu_check.py                 # on the GPU machine (~5 min + part 2, not yet timed)
     python experiments/gpu_check.py --quick         # CPU smoke: 2 layers, T in {256}, blockwise; part 2 tiny (~5 min)
@@ -145,6 +146,7 @@ def decode_case() -> dict:
     from rstar2_jax.sampling import PagedEngine
 
     cfg = qwen3_06b_cfg()
+    check = kernel_check(qwen3_06b_cfg)
     acc = next((a for k, a in ACCELERATORS.items() if k in dev.device_kind), None)
     graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(0)))
     short, rows = 8, []
@@ -162,7 +164,40 @@ def decode_case() -> dict:
         rows.append(dict(batch=b, step_ms=step_s * 1e3, tokens_s=b / step_s, predicted_tokens_s=pred,
                          frac=None if pred is None else b / step_s / pred))
         del engine
-    return dict(device=str(dev.device_kind), accelerator=None if acc is None else acc.name, rows=rows)
+    return dict(device=str(dev.device_kind), accelerator=None if acc is None else acc.name, rows=rows, check=check)
+
+
+def kernel_check(shape_cfg) -> dict:
+    """The Pallas ragged kernel against the pure-JAX reference on the device: a 2-layer fp32 model of
+    the 0.6B head shape (16 / 8 heads of 128), 8 greedy rows with prompts of 5 to 300 tokens (so
+    windows hold prefill chunks), 48 new tokens each; greedy tokens must be equal."""
+    import dataclasses
+
+    import numpy as np
+    from flax import nnx
+
+    from rstar2_jax.model import Qwen3, split_policy
+    from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request
+
+    cfg = dataclasses.replace(shape_cfg(), num_layers=2, dtype="float32", param_dtype="float32")
+    graphdef, params = split_policy(Qwen3(cfg, rngs=nnx.Rngs(1)))
+    rng = np.random.default_rng(2)
+    prompts = [rng.integers(0, cfg.vocab_size, size=n).tolist() for n in (5, 17, 64, 100, 150, 200, 250, 300)]
+    got = {}
+    for impl in ("reference", "pallas_gpu"):
+        eng = PagedEngine(graphdef, params, cfg, EngineConfig(num_slots=8, page_size=16, max_seq_len=352,
+                                                              num_pages=8 * 22 + 1, prefill_chunk=64,
+                                                              attention_impl=impl))
+        ids = [eng.submit(Request(prompt=p, key=i, max_new_tokens=48, sampler=Greedy())) for i, p in enumerate(prompts)]
+        out = {}
+        while eng.has_work():
+            for ev in eng.step():
+                out[ev.seq_id] = (ev.tokens, ev.logprobs)
+        got[impl] = [out[i] for i in ids]
+    same = sum(a[0] == b[0] for a, b in zip(got["reference"], got["pallas_gpu"]))
+    diff = max(float(np.max(np.abs(np.asarray(a[1]) - np.asarray(b[1]))))
+               for a, b in zip(got["reference"], got["pallas_gpu"]) if a[0] == b[0]) if same else float("nan")
+    return dict(rows_equal=same, rows=len(prompts), max_logprob_diff=diff)
 
 
 def decode_roofline() -> tuple[str, bool]:
@@ -176,6 +211,9 @@ def decode_roofline() -> tuple[str, bool]:
     if "skipped" in r:
         print(f"decode_roofline: SKIPPED ({r['skipped']})", flush=True)
         return "decode_roofline_frac: skipped (no GPU)", True
+    c = r["check"]
+    print(f"kernel_check {r['device']}: pallas_gpu == reference on {c['rows_equal']}/{c['rows']} greedy rows, "
+          f"max |log-prob diff| {c['max_logprob_diff']:.2e} (fp32)", flush=True)
     for row in r["rows"]:
         pred = "no roofline for this device" if row["frac"] is None else (
             f"roofline {r['accelerator']} {row['predicted_tokens_s']:.0f} tok/s -> "
@@ -184,7 +222,8 @@ def decode_roofline() -> tuple[str, bool]:
               f"{row['tokens_s']:.0f} tok/s, {pred}", flush=True)
     cells = ", ".join(f"B{row['batch']} = " + ("n/a" if row["frac"] is None else f"{row['frac']:.2f}")
                       for row in r["rows"])
-    return f"decode_roofline_frac: {cells}", True
+    ok = c["rows_equal"] == c["rows"]
+    return f"kernel == reference {c['rows_equal']}/{c['rows']}, decode_roofline_frac: {cells}", ok
 
 
 if __name__ == "__main__":
