@@ -42,9 +42,14 @@ def test_components_from_a_file_reach_the_built_configs(tmp_path):
 
 
 def test_defaults_are_the_recipe_s_previous_hard_coded_values():
+    """The engine's kernel is ``"auto"`` (by backend, issue 42): the reference on CPU, as before."""
+    from rstar2_jax.sampling.kv_cache import resolve_impl
+
     spec = load_spec(preset="recipe_dry_run")
     ecfg = spec.engine_config(1024)
-    assert (ecfg.page_size, ecfg.prefill_chunk, ecfg.attention_impl) == (16, 128, "reference")
+    assert (ecfg.page_size, ecfg.prefill_chunk, ecfg.attention_impl) == (16, 128, "auto")
+    assert resolve_impl(ecfg.attention_impl, "cpu") == "reference"
+    assert resolve_impl(ecfg.attention_impl, "cuda") == resolve_impl(ecfg.attention_impl, "rocm") == "pallas_gpu"
     lim = spec.sandbox.limits
     assert (lim.wall_s, lim.cpu_s, lim.memory_mb) == (5.0, 5.0, 2048)
     rl = spec.rl
