@@ -9,6 +9,8 @@ import pytest
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
+# with tests/test_objective_notebook.py: one xdist group, one compilation cache (``notebook_jax_cache``)
+pytestmark = pytest.mark.xdist_group("notebooks")
 TINY = dict(SEEDS=[0, 1], MODES=["none", "paper", "deterministic"], RL_STEPS=2, PROBLEMS_PER_STEP=2,
             GROUP=2, N_EVAL=4, SFT_TRACES=8, SFT_EPOCHS=1.0, BUDGET=160, N_BOOT=50,
             EXTRA_ARGS=["--hidden", "32", "--layers", "1", "--slots", "8", "--sandbox-workers", "1",
@@ -34,8 +36,8 @@ def share_compilation_cache(monkeypatch: pytest.MonkeyPatch, folder: Path) -> No
 
 
 @pytest.mark.slow
-def test_roc_ablation_notebook_runs(tmp_path, monkeypatch):
-    share_compilation_cache(monkeypatch, tmp_path / "jax_cache")
+def test_roc_ablation_notebook_runs(tmp_path, monkeypatch, notebook_jax_cache):
+    share_compilation_cache(monkeypatch, notebook_jax_cache)
     nb = nbformat.read(ROOT / "notebooks" / "roc_ablation.ipynb", as_version=4)
     results_path = tmp_path / "roc_ablation.json"
     inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "RESULTS": str(results_path)})

@@ -11,14 +11,17 @@ from nbclient import NotebookClient
 from tests.test_notebook import inject_parameters, share_compilation_cache
 
 ROOT = Path(__file__).resolve().parents[1]
+# with tests/test_notebook.py: one xdist group; their demo runs share SFT, engine and evaluation shapes, so
+# this notebook's processes load what the other's compiled (``notebook_jax_cache``)
+pytestmark = pytest.mark.xdist_group("notebooks")
 TINY = dict(SEEDS=[0], RL_STEPS=2, PROBLEMS_PER_STEP=2, GROUP=2, N_EVAL=4, SFT_TRACES=8, SFT_EPOCHS=1.0, BUDGET=160,
             N_BOOT=50, EXTRA_ARGS=["--hidden", "32", "--layers", "1", "--slots", "8", "--sandbox-workers", "1",
                                    "--copy-drills", "8"])
 
 
 @pytest.mark.slow
-def test_objective_ablation_notebook_runs(tmp_path, monkeypatch):
-    share_compilation_cache(monkeypatch, tmp_path / "jax_cache")
+def test_objective_ablation_notebook_runs(tmp_path, monkeypatch, notebook_jax_cache):
+    share_compilation_cache(monkeypatch, notebook_jax_cache)
     nb = nbformat.read(ROOT / "notebooks" / "objective_ablation.ipynb", as_version=4)
     results_path = tmp_path / "objective_ablation.json"
     inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "SFT_CACHE": str(tmp_path / "runs" / "sft_cache"),

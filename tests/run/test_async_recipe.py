@@ -6,17 +6,19 @@ both (the 1 x 8 run's rows carry the discards)."""
 import numpy as np
 import pytest
 
+pytestmark = pytest.mark.xdist_group("recipe_launches")  # tests/run/conftest.py: recipe_jax_cache
+
 
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_two_processes_async_run_the_recipe_like_one(tmp_path):
+def test_two_processes_async_run_the_recipe_like_one(tmp_path, recipe_jax_cache):
     """K = 1 in 2 processes x 4 devices (gloo) equals 1 x 8: every row (timings aside) and the final params.
     Each process's rollout thread generates its shard; the collectives (learner, metrics, the weights'
     resharding) run on the main thread in step order."""
     from tests.run.test_recipe_multiprocess import _assert_rows_equal, _final, _launch, _rows, _wait
 
     extra = ("--set", "async_rl.max_staleness=1", "--set", "checkpoint.every=5", "--set", "eval.every=null")
-    cache = tmp_path / "jax_cache"
+    cache = recipe_jax_cache
     one, two = tmp_path / "one", tmp_path / "two"
     _wait(_launch(one, 1, cache, extra) + _launch(two, 2, cache, extra), timeout_s=2000)
 

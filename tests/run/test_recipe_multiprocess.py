@@ -6,8 +6,9 @@ exits non-zero with its reason, leaving ``metrics.jsonl`` byte-identical.
 
 One chain checks both claims (2 x 4 = 1 x 8, and resume = uninterrupted) with three launches instead of
 four; a mismatch names the stage and metric, and ``killed.log<i>`` shows where the resume restarted.
-The runs share a persistent compilation cache, so the resumed processes load the executables the killed
-ones compiled (same programs, same results) instead of compiling them again.
+The runs share a persistent compilation cache (``recipe_jax_cache``, with ``test_async_recipe.py``'s
+launches: one xdist group), so the resumed processes load the executables the killed ones compiled (same
+programs, same results) instead of compiling them again.
 """
 
 import json
@@ -26,6 +27,7 @@ import numpy as np
 import pytest
 
 from rstar2_jax import distributed
+pytestmark = pytest.mark.xdist_group("recipe_launches")  # tests/run/conftest.py: recipe_jax_cache
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "experiments" / "rstar2_recipe.py"
@@ -48,7 +50,7 @@ def _launch(out: Path, n_proc: int, cache: Path, extra: tuple[str, ...] = ()) ->
     for i in range(n_proc):
         env = {k: v for k, v in os.environ.items() if k not in LAYOUT_VARS and "_proxy" not in k.lower()}
         env.update(XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // n_proc}", JAX_PLATFORMS="cpu",
-                   JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0.5",
+                   JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                    PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep))
         if n_proc > 1:
             env.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(n_proc),
@@ -121,10 +123,10 @@ def _final(out: Path) -> tuple[dict, list[np.ndarray]]:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, recipe_jax_cache):
     """1 x 8 uninterrupted, alongside 2 x 4 killed (SIGKILL, both processes) in RL stage 1, then resumed."""
     root = tmp_path_factory.mktemp("recipe_mp")
-    cache = root / "jax_cache"
+    cache = recipe_jax_cache
     one, killed = root / "one", root / "killed"
     straight = _launch(one, 1, cache)
     procs = _launch(killed, 2, cache)
