@@ -12,7 +12,7 @@ import importlib
 
 from rstar2_jax.rl.advantages import compute_advantages, group_advantages
 from rstar2_jax.rl.config import (AdvantageConfig, AdvantageKind, CorrectionConfig, KLEstimator, LossConfig, LossKind,
-                                  OptimConfig, RLConfig, RocConfig)
+                                  OptimConfig, OverlongConfig, RLConfig, RocConfig)
 from rstar2_jax.rl.penalties import RocRecord, p_err, p_format, p_format_release, p_total, stack_records
 from rstar2_jax.rl.roc import roc_class_counts, roc_downsample
 
@@ -34,7 +34,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdvantageConfig", "AdvantageKind", "CorrectionConfig", "KLEstimator", "LossConfig", "LossKind", "OptimConfig", "RLConfig",
+    "AdvantageConfig", "AdvantageKind", "CorrectionConfig", "KLEstimator", "LossConfig", "LossKind", "OptimConfig", "OverlongConfig", "RLConfig",
     "RocConfig", "RocRecord", "compute_advantages", "group_advantages",
     "p_err", "p_format", "p_format_release", "p_total", "stack_records",
     "roc_class_counts", "roc_downsample", *_LAZY,

@@ -43,7 +43,16 @@ class OldLogpSource(enum.StrEnum):
     SAMPLER = "sampler"  # the engines' sampling log-probs (batch["old_logp"])
 
 
+class OverlongKind(enum.StrEnum):
+    """How truncated / long trajectories reach the update (``rl.overlong.kind``; ``rl.overlong``)."""
+
+    NONE = "none"  # trained like any other (the release)
+    FILTER = "filter"  # truncated ones masked out of the loss (DAPO overlong filtering)
+    SOFT = "soft"  # DAPO's linear length penalty over the budget's last ``cache`` tokens, added to the reward
+
+
 ROC_MODES = tuple(m.value for m in RocMode)
+OVERLONG_KINDS = tuple(k.value for k in OverlongKind)
 PENALTY_MODES = tuple(m.value for m in Penalties)  # definitions of p_err / p_format (rl/penalties.py)
 AGG_MODES = tuple(m.value for m in AggMode)
 OLD_LOGP_SOURCES = tuple(m.value for m in OldLogpSource)
@@ -239,6 +248,24 @@ class CorrectionConfig:
         return self.is_level != CorrectionLevel.NONE or self.mask_level != CorrectionLevel.NONE
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class OverlongConfig:
+    """Overlong handling (``rl.overlong``; DAPO §3.4): ``kind`` "none" (the release's: truncated
+    trajectories trained like any other), "filter" (truncated ones masked out of the loss; they still
+    count for RoC and their group's advantages) or "soft" (a linear penalty from 0 to -1 over the last
+    ``cache`` tokens of the budget, added to the reward before RoC and the advantages). ``cache`` is
+    DAPO's L_cache in tokens (only "soft" reads it; it must be smaller than every budget)."""
+
+    kind: OverlongKind = OverlongKind.NONE
+    cache: int = 0  # L_cache (tokens); >= 1 with kind "soft"
+
+    def __post_init__(self):
+        _as_enum(self, "kind", OverlongKind)
+        _check(isinstance(self.cache, int) and self.cache >= 0, f"cache must be an int >= 0, got {self.cache!r}")
+        _check(self.kind != OverlongKind.SOFT or self.cache >= 1,
+               f"kind 'soft' needs cache (L_cache, tokens) >= 1, got {self.cache}")
+
+
 # The rollout correction an asynchronous run (max_staleness > 0) gets unless it chooses one (the demo's
 # --correction auto, a RunSpec's rl.correction left out): truncated token IS, C = 2, on the decoupled objective
 # (π_old recomputed = π_prox). Why this one: docs/design.md §5.1 ("Correction default").
@@ -278,6 +305,8 @@ class RLConfig:
     old_logp_source: OldLogpSource = OldLogpSource.RECOMPUTE  # "recompute" (no-grad pass) or "sampler"
     # rollout correction (rl.correction) from the sampler's log-probs; off by default
     correction: CorrectionConfig = dataclasses.field(default_factory=CorrectionConfig)
+    # truncated trajectories: trained as any other (default), masked out of the loss, or a soft length penalty
+    overlong: OverlongConfig = dataclasses.field(default_factory=OverlongConfig)
     compute_entropy: bool = False  # report policy entropy (a metric; computed anyway when loss.entropy_coef > 0)
     # τ of the trained policy softmax(logits/τ): set it to the rollout sampler's temperature so the
     # importance ratios and the gradient are those of the distribution the rollouts were drawn from
@@ -317,7 +346,7 @@ class RLConfig:
     def from_json_dict(cls, d: dict[str, Any]) -> "RLConfig":
         """Inverse of :meth:`to_json_dict`."""
         sub = {"roc": RocConfig, "advantage": AdvantageConfig, "loss": LossConfig, "optim": OptimConfig,
-               "correction": CorrectionConfig}
+               "correction": CorrectionConfig, "overlong": OverlongConfig}
         d = dict(d)
         if "scale_by_std" in d.get("advantage", {}):  # written before AdvantageConfig.kind existed
             adv = dict(d["advantage"])

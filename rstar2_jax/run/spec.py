@@ -272,6 +272,12 @@ def resolve(raw: Mapping[str, Any], *, explicit: set[str] | None = None, where: 
                              f"response budget ({largest}: rollout.budget, schedule.stages.stage2_budget, "
                              f"eval.budget): leave it out, it is derived")
         set_dotted(raw, "rl.loss.norm_len", largest)
+    if _get(raw, "rl.overlong.kind") == "soft":  # DAPO's L_cache must leave part of every training budget unpenalised
+        cache = _get(raw, "rl.overlong.cache", 0)
+        budgets = [v for v in (budget, _get(raw, "schedule.stages.stage2_budget")) if is_int(v)]
+        if is_int(cache) and budgets and cache >= min(budgets):
+            raise ValueError(f"{where}: rl.overlong.cache ({cache}) must be smaller than the smallest training "
+                             f"budget ({min(budgets)}: rollout.budget, schedule.stages.stage2_budget)")
     scripted = bool(_get(raw, "rollout.scripted_policy", False))
     old = _get(raw, "rl.old_logp_source")
     if not any(k == "rl.correction" or k.startswith("rl.correction.") for k in explicit):  # asynchronous runs are corrected, unless π_old is the sampler's

@@ -2,11 +2,13 @@
 
 One scored rollout batch goes through four named calls (``train.step.train_on`` makes them):
   1. ``select``: RoC: ``p_total`` of each trajectory (``rl.penalties``), ``roc_downsample`` to G per
-     group (groups whose rewards are all equal are dropped);
+     group (groups whose rewards are all equal are dropped); the rewards RoC and the advantages read
+     are the outcome rewards plus ``rl.overlong``'s soft length penalty (0 unless its kind is "soft");
   2. ``advantages``: Â on the kept G (``rl.compute_advantages``, by ``AdvantageConfig.kind``; GRPO's
      by default);
   3. ``batch``: the host arrays (``[rows, seq_len]``, kept rows padded with zero-mask rows: one
-     compiled shape per padded length);
+     compiled shape per padded length; under ``rl.overlong.kind == "filter"`` a truncated kept
+     trajectory's loss mask is all zero, so it adds nothing to the loss's S or D);
   4. ``update``: one ``rl.train_step`` update on them.
 The update is built once, in ``__init__``; ``compiles`` in the loop's metrics checks that no step
 compiles it again. ``rl/`` and ``rollout/`` do not know each other: this module joins them.
@@ -39,6 +41,7 @@ from jax.sharding import Mesh
 
 from rstar2_jax.distributed import allgather_rows, process_local_batch, process_rows
 from rstar2_jax.rl import RLConfig, compute_advantages, roc_downsample
+from rstar2_jax.rl.overlong import overlong_trained, shaped_rewards
 from rstar2_jax.rl.penalties import RocRecord, combine, penalty_terms
 from rstar2_jax.rl.reference import reference_params
 from rstar2_jax.rl.train_step import TrainState, make_train_step, shard_batch
@@ -79,8 +82,10 @@ class Selection:
     p_format: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(0))  # f64[N]
 
 
-# per trajectory, gathered across processes: what RoC and the batch shape need
-SELECT_FIELDS = ("ok", "reward", "group", "p_err", "p_format", "length")
+# per trajectory, gathered across processes: what RoC, the advantages and the batch shape need.
+# ``length``: prompt + response tokens (the train row); ``response_length`` / ``budget``: |y| and L_max of
+# the overlong handling (``rl.overlong``); ``truncated``: 1 when the budget ended the trajectory
+SELECT_FIELDS = ("ok", "reward", "group", "p_err", "p_format", "length", "truncated", "response_length", "budget")
 F = {name: i for i, name in enumerate(SELECT_FIELDS)}
 
 
@@ -91,7 +96,8 @@ def select_records(trajs: Sequence[Trajectory], roc: Any) -> np.ndarray:
     ok = [i for i, t in enumerate(trajs) if t.done_reason != "error"]
     for i, t in enumerate(trajs):
         rec[i] = (t.done_reason != "error", t.reward, t.group_id, 0.0, 0.0,
-                  len(t.prompt_tokens) + len(t.response_tokens))
+                  len(t.prompt_tokens) + len(t.response_tokens), t.done_reason == "budget",
+                  len(t.response_tokens), t.budget)
     if ok:
         terms = penalty_terms([roc_record(trajs[i]) for i in ok], penalties=roc.penalties)
         rec[ok, F["p_err"]], rec[ok, F["p_format"]] = terms
@@ -151,7 +157,7 @@ class Learner:
         p_format = np.where(rec[:, F["ok"]] > 0, rec[:, F["p_format"]], np.nan)
         if not len(ok):
             return Selection(kept=np.zeros(0, np.int64), offsets=offsets, p_format=p_format), rec
-        rewards, groups = rec[ok, F["reward"]], rec[ok, F["group"]].astype(np.int64)
+        rewards, groups = self.train_rewards(rec)[ok], rec[ok, F["group"]].astype(np.int64)
         pt = combine((rec[ok, F["p_err"]], rec[ok, F["p_format"]]), use_p_err=roc.use_p_err,
                      use_p_format=roc.use_p_format)
         kept_sub = roc_downsample(rewards, groups, pt, roc.keep_per_group, seed, roc.mode,
@@ -162,8 +168,31 @@ class Learner:
         """f32[K]: Â of RoC's kept trajectories (``rl.compute_advantages`` by ``AdvantageConfig.kind``)
         from their rewards and groups in the gathered records, in ``sel.kept``'s order."""
         kept = sel.kept
-        adv = compute_advantages(rec[kept, F["reward"]], rec[kept, F["group"]].astype(np.int64), self.cfg.rl.advantage)
+        adv = compute_advantages(self.train_rewards(rec)[kept], rec[kept, F["group"]].astype(np.int64),
+                                 self.cfg.rl.advantage)
         return np.asarray(adv, np.float32)
+
+    def train_rewards(self, rec: np.ndarray) -> np.ndarray:
+        """f64[N]: the rewards RoC and the advantages read: the outcome rewards of the gathered records,
+        plus DAPO's soft length penalty under ``rl.overlong.kind == "soft"`` (``rl.overlong``)."""
+        o = self.cfg.rl.overlong
+        ok = rec[:, F["ok"]] > 0
+        out = rec[:, F["reward"]].copy()
+        out[ok] = shaped_rewards(out[ok], rec[ok, F["response_length"]], rec[ok, F["budget"]], o.kind, o.cache)
+        return out
+
+    def overlong_metrics(self, sel: Selection, rec: np.ndarray) -> dict[str, float]:
+        """With ``rl.overlong`` on (kind "filter" or "soft"; else {}): ``overlong/kept_masked``, the kept
+        trajectories masked out of the loss (filter: the truncated ones), and ``overlong/penalty_mean``,
+        the mean soft length penalty over the sampled non-errored trajectories (0 under filter). The
+        share the budget truncated is the rollout metrics' ``truncation_rate``."""
+        kind = self.cfg.rl.overlong.kind
+        if kind == "none":
+            return {}
+        ok = rec[:, F["ok"]] > 0
+        masked = ~overlong_trained(rec[sel.kept, F["truncated"]] > 0, kind)
+        pen = self.train_rewards(rec)[ok] - rec[ok, F["reward"]]
+        return {"overlong/kept_masked": int(masked.sum()), "overlong/penalty_mean": float(pen.mean()) if ok.any() else 0.0}
 
     def _process_rows(self, sel: Selection, p: int) -> np.ndarray:
         """Positions in ``sel.kept`` of the rows process ``p`` trains (its kept, cut to its row count)."""
@@ -220,16 +249,17 @@ class Learner:
         mine = self._process_rows(sel, self.process_index)
         lo = sel.offsets[self.process_index]
         rows = [trajs[int(i - lo)] for i in sel.kept[mine]]
+        trained = overlong_trained([t.done_reason == "budget" for t in rows], self.cfg.rl.overlong.kind)
         n_rows = self._rows.stop - self._rows.start
         if self.cfg.pack:
-            packed = pack_trajectories(rows, advantages[mine], seq_len, self.pad_id)
+            packed = pack_trajectories(rows, advantages[mine], seq_len, self.pad_id, trained=trained)
             batch = {k: np.zeros((n_rows, *v.shape[1:]), v.dtype) + (self.pad_id if k in ("tokens", "targets") else 0)
                      for k, v in packed.items()}
             where = self._micro_order(self.process_index)[: len(packed["tokens"])]
             for k, v in packed.items():
                 batch[k][where] = v
         else:
-            batch = trajectories_to_batch(rows, advantages[mine], seq_len, self.pad_id)  # rows may be []
+            batch = trajectories_to_batch(rows, advantages[mine], seq_len, self.pad_id, trained=trained)  # rows may be []
             pad = n_rows - len(rows)
             if pad:
                 batch = {k: np.concatenate([v, np.zeros((pad, *v.shape[1:]), v.dtype) + (
@@ -271,8 +301,9 @@ def version_metrics(versions_bt: np.ndarray, mask_bt: np.ndarray, learner_versio
 
 
 def trajectories_to_batch(trajs: Sequence[Trajectory], advantages: np.ndarray, seq_len: int,
-                          pad_id: int) -> dict[str, np.ndarray]:
-    """Stack ``trajs`` into ``[B, seq_len]`` arrays (see module docstring); too-long rows raise."""
+                          pad_id: int, trained: Sequence[bool] | None = None) -> dict[str, np.ndarray]:
+    """Stack ``trajs`` into ``[B, seq_len]`` arrays (see module docstring); too-long rows raise.
+    ``trained[i]`` False: trajectory i's loss mask is all zero (overlong filtering); None: all trained."""
     b = len(trajs)
     tokens = np.full((b, seq_len), pad_id, np.int32)
     targets = np.full((b, seq_len), pad_id, np.int32)
@@ -286,7 +317,7 @@ def trajectories_to_batch(trajs: Sequence[Trajectory], advantages: np.ndarray, s
         n, p = len(full), len(t.prompt_tokens)
         tokens[i, :n] = full
         targets[i, : n - 1] = full[1:]
-        mask[i, p - 1: n - 1] = t.loss_mask
+        mask[i, p - 1: n - 1] = t.loss_mask if trained is None or trained[i] else 0
         old[i, p - 1: n - 1] = t.sampler_logprobs
         ver[i, p - 1: n - 1] = _versions(t)
     return {"tokens": tokens, "targets": targets, "loss_mask": mask, "old_logp": old,
@@ -319,14 +350,16 @@ def pack_plan(lengths: Sequence[int], row_len: int) -> list[list[int]]:
 
 
 def pack_trajectories(trajs: Sequence[Trajectory], advantages: np.ndarray, row_len: int, pad_id: int,
-                      plan: Sequence[Sequence[int]] | None = None) -> dict[str, np.ndarray]:
+                      plan: Sequence[Sequence[int]] | None = None,
+                      trained: Sequence[bool] | None = None) -> dict[str, np.ndarray]:
     """Several trajectories per row (``plan``, default :func:`pack_plan`): ``[R, row_len]`` arrays.
 
     Each trajectory is laid out as in :func:`trajectories_to_batch` inside its own segment, plus
     ``segment_ids`` (1, 2, ... within a row; 0 = padding), ``positions`` (restarting at 0 in each
     segment) and per-token ``advantages`` ``[R, row_len]`` (the trajectory's Â on its segment). The
     attention mask and the loss aggregation read the segments, so the loss and its gradient equal
-    those of one trajectory per row (tests/train/test_learner_batch.py)."""
+    those of one trajectory per row (tests/train/test_learner_batch.py). ``trained`` as in
+    :func:`trajectories_to_batch`."""
     full = [list(t.prompt_tokens) + list(t.response_tokens) for t in trajs]
     plan = pack_plan([len(f) for f in full], row_len) if plan is None else plan
     r = len(plan)
@@ -345,7 +378,7 @@ def pack_trajectories(trajs: Sequence[Trajectory], advantages: np.ndarray, row_l
             sl = slice(at, at + n)
             out["tokens"][row, sl] = f
             out["targets"][row, at: at + n - 1] = f[1:]
-            out["loss_mask"][row, at + p - 1: at + n - 1] = t.loss_mask
+            out["loss_mask"][row, at + p - 1: at + n - 1] = t.loss_mask if trained is None or trained[i] else 0
             out["old_logp"][row, at + p - 1: at + n - 1] = t.sampler_logprobs
             out["versions"][row, at + p - 1: at + n - 1] = _versions(t)
             out["advantages"][row, sl] = adv[i]

@@ -66,7 +66,7 @@ def train_on(res: RolloutResult, learner: Learner, reward_fn: RewardBatchFn, *, 
     passed = trajs if keep is None else [t for t, ok in zip(trajs, keep) if ok]
     t0 = time.perf_counter()
     sel, rec = learner.select(passed, seed)
-    m: dict[str, Any] = {"n_sampled": len(rec), "n_kept": int(len(sel.kept))}
+    m: dict[str, Any] = {"n_sampled": len(rec), "n_kept": int(len(sel.kept)), **learner.overlong_metrics(sel, rec)}
     if len(sel.kept):
         adv = learner.advantages(sel, rec)
         batch = learner.batch(passed, sel, rec, adv)

@@ -1,6 +1,7 @@
 """Trajectories -> train arrays: targets shifted, mask on sampled tokens only, sampler log-probs aligned."""
 
 import numpy as np
+import pytest
 
 from rstar2_jax.train.learner import trajectories_to_batch
 from rstar2_jax.rollout.trajectory import Trajectory
@@ -53,18 +54,18 @@ def test_pack_layout_hand_checked():
     np.testing.assert_array_equal(p["segment_ids"][0], [1] * 7 + [0])
 
 
-def _learner_and_batch(trajs, pack, rows, micro, agg):
+def _learner_and_batch(trajs, pack, rows, micro, agg, overlong="none"):
     import jax
     from flax import nnx
 
     from rstar2_jax.train.learner import F, SELECT_FIELDS, Learner, LearnerConfig, Selection
     from rstar2_jax.model import Qwen3, split_policy
     from rstar2_jax.model.config import ModelConfig
-    from rstar2_jax.rl import LossConfig, RLConfig
+    from rstar2_jax.rl import LossConfig, OverlongConfig, RLConfig
     from rstar2_jax.rl.train_step import init_train_state
 
     rl = RLConfig(micro_batch_size=micro, old_logp_source="sampler", logprob_chunk_size=32,
-                  loss=LossConfig(agg_mode=agg))
+                  loss=LossConfig(agg_mode=agg), overlong=OverlongConfig(kind=overlong))
     cfg = LearnerConfig(rl=rl, seq_len=64, seq_bucket=32, rows=rows, pack=pack)
     graphdef, params = split_policy(Qwen3(ModelConfig.tiny(vocab_size=100), rngs=nnx.Rngs(0)))
     learner = Learner(graphdef, init_train_state(params, rl), cfg, pad_id=0)
@@ -101,3 +102,55 @@ def test_packed_update_equals_one_trajectory_per_row_and_pads_less():
     assert (pad0["micro_batches_run"], pad1["micro_batches_run"], pad0["micro_batches"]) == (4, 2, 4)
     tokens = sum(p + r for p, r in lengths)  # 138 of 512 positions, then of 256
     assert pad0["pad_frac"] == 1 - tokens / 512 and pad1["pad_frac"] == 1 - tokens / 256
+
+
+def test_overlong_filter_masks_truncated_rows_out_of_s_and_d():
+    """``rl.overlong.kind="filter"``: a truncated kept trajectory's loss mask is all zero (so nothing of
+    it reaches S), and the update's D equals that of the batch without it (token aggregation packed,
+    sequence aggregation one per row); under "none" it is trained (its tokens in D)."""
+    from rstar2_jax.rl.train_step import _accumulate, shard_batch
+    from tests.fast_compile import jit_fast
+
+    rng = np.random.default_rng(1)
+    lengths = [(4, 20), (3, 9), (5, 6), (2, 12)]
+    trajs = [_traj(i, p, r, rng) for i, (p, r) in enumerate(lengths)]
+    for t in trajs:
+        t.done_reason = "answer"
+    trajs[0].done_reason = trajs[3].done_reason = "budget"
+    rest = [trajs[1], trajs[2]]
+
+    def sd(ts, pack, agg, overlong):
+        learner, host, _, _ = _learner_and_batch(ts, pack, rows=4, micro=2, agg=agg, overlong=overlong)
+        s, d, _, _ = jit_fast(lambda p, b: _accumulate(learner.graphdef, p, b, learner.cfg.rl))(
+            learner.params, shard_batch(host, None))
+        return float(s), float(d), host
+
+    for agg, pack in (("token-mean", True), ("seq-mean-token-mean", False)):
+        _, d_all, _ = sd(trajs, pack, agg, "none")
+        _, d_f, host = sd(trajs, pack, agg, "filter")
+        _, d_rest, _ = sd(rest, pack, agg, "none")
+        assert d_f == d_rest < d_all, (agg, pack, d_f, d_rest, d_all)
+        assert host["loss_mask"].sum() == sum(int(np.sum(t.loss_mask)) for t in rest)  # no truncated token
+
+
+def test_soft_overlong_penalty_reaches_roc_and_the_advantages():
+    """``rl.overlong.kind="soft"``: the rewards RoC and the advantages read carry DAPO's penalty; the
+    rollout metrics' reward stays the outcome's."""
+    from rstar2_jax.rl import OverlongConfig, RLConfig
+    from rstar2_jax.train.learner import F, SELECT_FIELDS, Learner, Selection
+
+    rec = np.zeros((4, len(SELECT_FIELDS)))
+    rec[:, F["ok"]] = [1, 1, 1, 0]  # the last errored: never shaped, never kept
+    rec[:, F["reward"]] = [1.0, 1.0, 0.0, 0.0]
+    rec[:, F["response_length"]] = [3, 9, 10, 10]
+    rec[:, F["budget"]] = 10
+    rec[:, F["truncated"]] = [0, 0, 1, 1]
+    learner = Learner.__new__(Learner)  # train_rewards / overlong_metrics / advantages read only cfg
+    learner.cfg = type("C", (), {"rl": RLConfig(overlong=OverlongConfig(kind="soft", cache=4))})()
+    np.testing.assert_allclose(learner.train_rewards(rec), [1.0, 0.25, -1.0, 0.0])
+    sel = Selection(kept=np.array([0, 1, 2]), offsets=np.array([0, 4]))
+    m = learner.overlong_metrics(sel, rec)
+    assert m == {"overlong/kept_masked": 0, "overlong/penalty_mean": pytest.approx((0 - 0.75 - 1.0) / 3)}
+    adv = learner.advantages(sel, rec)  # one group: GRPO's (r - mean) / (std + eps) on the shaped rewards
+    r = np.array([1.0, 0.25, -1.0])
+    np.testing.assert_allclose(adv, (r - r.mean()) / (r.std(ddof=1) + 1e-6), rtol=1e-6)
