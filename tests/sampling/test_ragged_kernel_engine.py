@@ -19,8 +19,9 @@ from flax import nnx
 
 from rstar2_jax.model import Qwen3, split_policy
 from rstar2_jax.model.config import ModelConfig
-from rstar2_jax.sampling import EngineConfig, Greedy, KVLayout, PagedEngine, Request, Temperature
+from rstar2_jax.sampling import EngineConfig, KVLayout, PagedEngine
 from rstar2_jax.sampling.layout import EngineLayout
+from tests.sampling.engine_workload import run_workload
 
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=64, num_pages=14, prefill_chunk=8, decode_steps=4,
                    attention_impl="reference")
@@ -34,25 +35,8 @@ def gqa5():
     return cfg, graphdef, params
 
 
-def _prompt(n, seed):
-    return np.random.default_rng(seed).integers(0, 128, size=n).tolist()
-
-
 def _workload(engine):
-    """(events in order, stats): every row greedy or sampled, a group, a resume with appended tokens."""
-    for n, m, greedy in [(1, 7, True), (3, 12, False), (9, 5, True), (17, 9, True), (6, 4, False)]:
-        engine.submit(Request(prompt=_prompt(n, n), key=n, max_new_tokens=m,
-                              sampler=Greedy() if greedy else Temperature(temperature=1.0)))
-    group = engine.submit_group(Request(prompt=_prompt(10, 100), key=1, max_new_tokens=8,
-                                        sampler=Temperature(temperature=1.0)), 3)
-    out, resumed = [], False
-    while engine.has_work():
-        for ev in engine.step():
-            out.append((ev.seq_id, ev.tokens, ev.logprobs, ev.reason))
-            if ev.seq_id == group[0] and not resumed:
-                engine.resume(ev.seq_id, _prompt(5, 7), max_new_tokens=6)
-                resumed = True
-    return out, engine.stats()
+    return run_workload(engine, greedy=(3,))
 
 
 def _same(got, want):

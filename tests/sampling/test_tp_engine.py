@@ -13,38 +13,18 @@ import numpy as np
 import pytest
 
 from rstar2_jax.model.config import ModelConfig
-from rstar2_jax.sampling import EngineConfig, Greedy, PagedEngine, Request, Temperature
+from rstar2_jax.sampling import EngineConfig, PagedEngine
 from rstar2_jax.deploy.placement import PlacementConfig, plan_placement
 from rstar2_jax.sampling.layout import EngineLayout, leaf_devices, tp_split
+from tests.sampling.engine_workload import run_workload
 
 CFG = EngineConfig(num_slots=4, page_size=4, max_seq_len=64, num_pages=14, prefill_chunk=8)
-
-
-def _prompt(n, seed):
-    return np.random.default_rng(seed).integers(0, 128, size=n).tolist()
-
-
-def _workload(engine):
-    """Runs the module's workload; returns (events by seq id in order, engine stats)."""
-    for n, m, greedy in [(1, 7, True), (3, 12, False), (9, 5, True), (17, 9, False), (6, 4, False)]:
-        engine.submit(Request(prompt=_prompt(n, n), key=n, max_new_tokens=m,
-                              sampler=Greedy() if greedy else Temperature(temperature=1.0)))
-    group = engine.submit_group(Request(prompt=_prompt(10, 100), key=1, max_new_tokens=8,
-                                        sampler=Temperature(temperature=1.0)), 3)
-    out, resumed = [], False
-    while engine.has_work():
-        for ev in engine.step():
-            out.append((ev.seq_id, ev.tokens, ev.logprobs, ev.reason))
-            if ev.seq_id == group[0] and not resumed:  # a tool response, while others still decode
-                engine.resume(ev.seq_id, _prompt(5, 7), max_new_tokens=6)
-                resumed = True
-    return out, engine.stats()
 
 
 @pytest.fixture(scope="module")
 def reference(policy):
     mcfg, graphdef, params = policy
-    return _workload(PagedEngine(graphdef, params, mcfg, CFG, device=jax.devices()[0]))
+    return run_workload(PagedEngine(graphdef, params, mcfg, CFG, device=jax.devices()[0]))
 
 
 @pytest.mark.parametrize("tp,swap", [(2, 0), (2, 4096), pytest.param(4, 0, marks=pytest.mark.slow)],
@@ -54,7 +34,7 @@ def test_tp_engine_equals_single_device(policy, reference, tp, swap):
     layout = EngineLayout(jax.devices()[8 - tp:], mcfg)
     assert (layout.kv, layout.rep) == {2: (2, 1), 4: (2, 2)}[tp]
     engine = PagedEngine(graphdef, params, mcfg, dataclasses.replace(CFG, swap_tokens=swap), layout=layout)
-    got, stats = _workload(engine)
+    got, stats = run_workload(engine)
     want, want_stats = reference
     assert want_stats.preemptions > 0 and stats.preemptions == want_stats.preemptions  # the pool did run out
     assert (stats.swapped_in_tokens > 0) == bool(swap)  # swapped K/V written back into the split pages
