@@ -51,12 +51,13 @@ class Rollout:
         return slice(self.process_index * k, (self.process_index + 1) * k)
 
     def generate(self, problems: Sequence[Problem], *, seed: int, budget: int | None = None,
-                 show_progress: bool = False) -> RolloutResult:
+                 show_progress: bool = False, group_offset: int = 0) -> RolloutResult:
         """``cfg.n_samples`` trajectories per problem of this process's shard, ``budget`` response
-        tokens each (default ``cfg.budget``), unscored."""
+        tokens each (default ``cfg.budget``), unscored. Problem i of the batch is group
+        ``group_offset + i`` (a refill round's groups follow the step's earlier ones)."""
         sl = self.shard(len(problems))
         return self.dispatcher.run(list(problems)[sl], seed=seed, budget=budget, show_progress=show_progress,
-                                   first_group=sl.start)
+                                   first_group=group_offset + sl.start)
 
     def state(self) -> dict:
         """The dispatcher's learnt admission state (JSON-able), for checkpoints."""

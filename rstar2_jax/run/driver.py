@@ -40,12 +40,13 @@ from rstar2_jax.train.async_loop import AsyncConfig, AsyncRL
 from rstar2_jax.distributed import allgather_json, is_main_process
 from rstar2_jax.eval.evaluate import EvalConfig, evaluate
 from rstar2_jax.train.learner import Learner, LearnerConfig
-from rstar2_jax.train.step import rl_step
+from rstar2_jax.train.step import Refill, rl_step
 from rstar2_jax.rl.config import RLConfig
 from rstar2_jax.rl.reference import load_reference, save_reference
 from rstar2_jax.rl.train_step import TrainState, init_train_state, reset_optimizer
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.run.resume import Cursor, open_checkpoints, step_seed
+from rstar2_jax.run.spec_parts import DynamicSamplingSpec
 from rstar2_jax.sampling import Engine
 from rstar2_jax.sandbox import SandboxBackend
 from rstar2_jax.train.sft import SFTConfig, shard_owner, train_sft_shards
@@ -134,6 +135,11 @@ class Parts:
     eval_problems: Sequence[Any] | None = None
     eval_cfg: EvalConfig | None = None
     async_rl: AsyncConfig = AsyncConfig()  # max_staleness 0: the synchronous loop (train.step.rl_step)
+    dynamic_sampling: DynamicSamplingSpec = DynamicSamplingSpec()  # refill rounds (synchronous loop only)
+
+    def __post_init__(self) -> None:
+        if self.dynamic_sampling.enabled and self.async_rl.enabled:
+            raise ValueError("Parts: dynamic sampling runs in the synchronous loop only (async_rl is on)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -275,12 +281,26 @@ class _Run:
         c.stage_step, c.problem_cursor, c.trunc_history = 0, 0, []
         self.save(self.learner.state)
 
-    def _batch(self, stage: str, ahead: int = 0) -> list[Any]:
-        """The problems of the RL step ``ahead`` steps after the next one (same stage)."""
+    def _batch(self, stage: str, ahead: int = 0, first: int | None = None) -> list[Any]:
+        """The problems of the RL step ``ahead`` steps after the next one (same stage); ``first``: those
+        from that position of the stage's list instead (a refill round)."""
         c, sch = self.cursor, self.p.schedule
         pool = sch.problems(stage, c)
-        first = c.problem_cursor + ahead * sch.problems_per_step
+        first = c.problem_cursor + ahead * sch.problems_per_step if first is None else first
         return [pool[(first + j) % len(pool)] for j in range(sch.problems_per_step)]
+
+    def _refill(self, stage: str, consumed: list[int]) -> Refill | None:
+        """Dynamic sampling's source of more problems (``rollout.dynamic_sampling``; None when off): the
+        next ones of the stage's list; ``consumed[0]`` counts every problem the step took."""
+        ds = self.p.dynamic_sampling
+        if not ds.enabled:
+            return None
+
+        def more() -> list[Any]:
+            out = self._batch(stage, first=self.cursor.problem_cursor + consumed[0])
+            consumed[0] += len(out)
+            return out
+        return Refill(more=more, target=self.p.schedule.problems_per_step, max_rounds=ds.max_rounds)
 
     def _drain_after(self, step: int) -> bool:
         """Whether global RL step ``step`` is a drain point of the async schedule (checkpoint or evaluation)."""
@@ -302,15 +322,17 @@ class _Run:
         batch = self._batch(stage)
         t = time.perf_counter()
         compiles.take()  # this step's compilations only (not the evaluation or checkpoint before it)
+        consumed = [len(batch)]
         if self.async_ is None:
             m, _ = rl_step(self.rollout, self.learner, self.p.reward_fn, batch, seed=step_seed(self.rc.seed,
-                           c.global_step + 1), budget=sch.budget(stage), compiles=compiles)
+                           c.global_step + 1), budget=sch.budget(stage), compiles=compiles,
+                           refill=self._refill(stage, consumed))
         else:
             for j in range(self._horizon(stage)):
                 self.async_.request(c.global_step + j, self._batch(stage, j),
                                     seed=step_seed(self.rc.seed, c.global_step + 1 + j), budget=sch.budget(stage))
             m = self.async_.step(c.global_step, seed=step_seed(self.rc.seed, c.global_step + 1), compiles=compiles)
-        c.problem_cursor += len(batch)
+        c.problem_cursor += consumed[0]
         c.stage_step += 1
         c.global_step += 1
         c.trunc_history = c.trunc_history + [m["truncation_rate"]]

@@ -196,6 +196,9 @@ def _check_coupled(s: RunSpec) -> None:
     if s.rollout.scripted_policy and s.rl.old_logp_source == "sampler":
         raise ValueError("RunSpec: rollout.scripted_policy needs rl.old_logp_source 'recompute' (the sampler's "
                          "log-probs are not the script's)")
+    if s.rollout.dynamic_sampling.enabled and s.async_rl.enabled:
+        raise ValueError("RunSpec: rollout.dynamic_sampling runs in the synchronous loop only (so far): set "
+                         "async_rl.max_staleness and async_rl.lookahead to 0, or turn dynamic sampling off")
     if s.async_rl.inflight and s.async_rl.max_staleness < 1:
         raise ValueError("RunSpec: async_rl.inflight needs async_rl.max_staleness >= 1 (asynchronous RL)")
     if s.learner.seq_len is not None and s.data.max_prompt_tokens is not None \

@@ -113,6 +113,22 @@ class LearnerSpec:
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class DynamicSamplingSpec:
+    """Dynamic sampling with refill (``train.refill``; DAPO §3.2): after scoring, groups with no reward
+    variance are set aside and ``schedule.problems_per_step`` more problems are rolled out per round, up
+    to ``max_rounds`` extra rounds, until the step has ``problems_per_step`` groups with signal. Off by
+    default (the release drops such groups without refilling)."""
+
+    enabled: bool = False
+    max_rounds: int = 3  # extra rounds at most; then the step trains on what it has (dyn/short = 1)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.enabled, bool):
+            raise ValueError(f"DynamicSamplingSpec.enabled must be true or false, got {self.enabled!r}")
+        _ints(self, ("max_rounds",), minimum=0)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
 class RolloutSpec:
     """What is rolled out per problem: 2G samples of at most ``budget`` response tokens at τ."""
 
@@ -124,6 +140,7 @@ class RolloutSpec:
     max_errored: int = 0  # trajectories per batch a failing engine command may error (rollout.state)
     scripted_policy: bool = False  # RL rollouts from testing.scripted over the real engines (tests, goldens)
     admission: AdmissionConfig = dataclasses.field(default_factory=AdmissionConfig)
+    dynamic_sampling: DynamicSamplingSpec = dataclasses.field(default_factory=DynamicSamplingSpec)
 
     def __post_init__(self) -> None:
         _ints(self, ("n_samples",), minimum=1, optional=True)

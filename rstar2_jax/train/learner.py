@@ -84,8 +84,10 @@ class Selection:
 
 # per trajectory, gathered across processes: what RoC, the advantages and the batch shape need.
 # ``length``: prompt + response tokens (the train row); ``response_length`` / ``budget``: |y| and L_max of
-# the overlong handling (``rl.overlong``); ``truncated``: 1 when the budget ended the trajectory
-SELECT_FIELDS = ("ok", "reward", "group", "p_err", "p_format", "length", "truncated", "response_length", "budget")
+# the overlong handling (``rl.overlong``); ``truncated``: 1 when the budget ended the trajectory; ``sampled``: its
+# sampled (loss-mask) tokens
+SELECT_FIELDS = ("ok", "reward", "group", "p_err", "p_format", "length", "truncated", "response_length", "budget",
+                 "sampled")
 F = {name: i for i, name in enumerate(SELECT_FIELDS)}
 
 
@@ -97,7 +99,7 @@ def select_records(trajs: Sequence[Trajectory], roc: Any) -> np.ndarray:
     for i, t in enumerate(trajs):
         rec[i] = (t.done_reason != "error", t.reward, t.group_id, 0.0, 0.0,
                   len(t.prompt_tokens) + len(t.response_tokens), t.done_reason == "budget",
-                  len(t.response_tokens), t.budget)
+                  len(t.response_tokens), t.budget, sum(t.loss_mask))
     if ok:
         terms = penalty_terms([roc_record(trajs[i]) for i in ok], penalties=roc.penalties)
         rec[ok, F["p_err"]], rec[ok, F["p_format"]] = terms
@@ -180,6 +182,12 @@ class Learner:
         out = rec[:, F["reward"]].copy()
         out[ok] = shaped_rewards(out[ok], rec[ok, F["response_length"]], rec[ok, F["budget"]], o.kind, o.cache)
         return out
+
+    def signal_tokens(self, sel: Selection, rec: np.ndarray, advantages: np.ndarray) -> float:
+        """Sampled tokens that reach the update with a nonzero advantage: those of the kept trajectories
+        whose Â != 0 and that are trained (not masked by ``rl.overlong``'s filter)."""
+        trained = overlong_trained(rec[sel.kept, F["truncated"]] > 0, self.cfg.rl.overlong.kind)
+        return float(rec[sel.kept, F["sampled"]][(np.asarray(advantages) != 0) & trained].sum())
 
     def overlong_metrics(self, sel: Selection, rec: np.ndarray) -> dict[str, float]:
         """With ``rl.overlong`` on (kind "filter" or "soft"; else {}): ``overlong/kept_masked``, the kept
