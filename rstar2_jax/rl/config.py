@@ -300,7 +300,12 @@ class RLConfig:
     advantage: AdvantageConfig = dataclasses.field(default_factory=AdvantageConfig)
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
-    micro_batch_size: int | None = None  # rows per micro-batch (grad accumulation); None = whole batch
+    micro_batch_size: int | None = None  # rows per micro-batch (grad accumulation); None = whole (mini-)batch
+    # PPO mini-batches: a rollout batch is split into ``mini_batches`` optimizer steps (mini-batch j: rows j,
+    # j + M, ...), the whole split repeated ``epochs`` times, π_old fixed from the batch's start. 1 / 1: one
+    # step per batch (the release's ppo_mini_batch_size = train_batch_size)
+    mini_batches: int = 1
+    epochs: int = 1
     logprob_chunk_size: int = 128  # token chunk for log-probs (never materialise [B,T,V])
     old_logp_source: OldLogpSource = OldLogpSource.RECOMPUTE  # "recompute" (no-grad pass) or "sampler"
     # rollout correction (rl.correction) from the sampler's log-probs; off by default
@@ -317,6 +322,9 @@ class RLConfig:
         _check(self.micro_batch_size is None or self.micro_batch_size >= 1,
                f"micro_batch_size must be None or >= 1, got {self.micro_batch_size}")
         _check(self.logprob_chunk_size >= 1, f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
+        _check(isinstance(self.mini_batches, int) and self.mini_batches >= 1,
+               f"mini_batches must be an int >= 1, got {self.mini_batches!r}")
+        _check(isinstance(self.epochs, int) and self.epochs >= 1, f"epochs must be an int >= 1, got {self.epochs!r}")
         _as_enum(self, "old_logp_source", OldLogpSource)
         _check(isinstance(self.temperature, (int, float)) and self.temperature > 0,
                f"temperature must be > 0, got {self.temperature!r}")
@@ -326,6 +334,11 @@ class RLConfig:
         _check(not self.correction.enabled or self.old_logp_source == "recompute",
                "correction needs old_logp_source='recompute' (the proximal policy; with 'sampler' it is the "
                "behaviour policy and every correction is the identity)")
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per rollout batch: mini_batches x epochs."""
+        return self.mini_batches * self.epochs
 
     @property
     def with_entropy(self) -> bool:

@@ -11,6 +11,10 @@ One call of the step returned by :func:`make_train_step` does, for a batch of B 
      costs only the micro-batches it fills;
   3. g = Σ_k ∇S_k / Σ_k D_k and L = Σ_k S_k / Σ_k D_k — the full-batch loss and gradient exactly;
   4. AdamW (lr warm-up then constant, decoupled weight decay, global-norm clip) updates θ.
+With ``cfg.mini_batches`` M / ``cfg.epochs`` E other than 1 (PPO mini-batches, :func:`mini_batch_updates`),
+step 1 runs once over the whole batch and steps 2-4 run for each of the M mini-batches (rows j, j + M,
+...), E times over: M x E optimizer steps with π_old fixed, so the ratio moves away from 1 after the
+first and the clips act. ``TrainState.step`` counts optimizer steps.
 
 Batch: a dict of arrays ``tokens`` [B,T] int32, ``targets`` [B,T] int32 (tokens shifted left),
 ``loss_mask`` [B,T] float (0 on prompt and tool-response tokens), ``advantages`` [B] or [B,T];
@@ -32,6 +36,7 @@ shard without moving rows between devices.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable
@@ -310,9 +315,62 @@ def make_train_step(graphdef: nnx.GraphDef, cfg: RLConfig, *, mesh: Mesh | None 
             extra = {f"mismatch/{k}": v for k, v in mismatch(batch).items()}
         if not cfg.correction.enabled:  # the update's inputs (and program) are today's
             batch = {k: v for k, v in batch.items() if k != "sampler_logp"}
-        state, metrics = update(state, batch)
+        if cfg.optimizer_steps == 1:
+            state, metrics = update(state, batch)
+            return state, {**metrics, **extra}
+        state, metrics = mini_batch_updates(update, state, batch, cfg, mesh=mesh)
         return state, {**metrics, **extra}
     return step
+
+
+def take_mini(batch: Batch, j: jax.Array, mini_batches: int) -> Batch:
+    """Mini-batch ``j`` of ``mini_batches``: rows j, j + M, j + 2M, ... (spread over every data shard, as
+    ``split_micro`` spreads micro-batches), laid out over ("data", "fsdp") again. Jit it (``j`` traced)."""
+    def one(x):
+        b = x.shape[0]
+        x = x.reshape(b // mini_batches, mini_batches, *x.shape[1:])
+        x = jax.lax.dynamic_index_in_dim(x, j, axis=1, keepdims=False)
+        return constrain(x, ("batch",) + (None,) * (x.ndim - 1))
+    return {k: one(v) for k, v in batch.items()}
+
+
+def mini_batch_updates(update: Callable, state: TrainState, batch: Batch, cfg: RLConfig, *,
+                       mesh: Mesh | None = None) -> tuple[TrainState, dict[str, jax.Array]]:
+    """PPO mini-batches: ``cfg.epochs`` passes over ``cfg.mini_batches`` mini-batches of ``batch`` (whose
+    ``old_logp``, π_old, was fixed before the first), one ``update`` (optimizer step) each; a mini-batch
+    with no trained token is skipped (its update would only apply momentum and weight decay). Metrics:
+    each key's mean over the steps run (``ratio_max``: the max), ``optimizer_steps`` (run), and
+    ``clip_frac_step<i>`` for each of the epochs x mini_batches steps (NaN where skipped)."""
+    m = cfg.mini_batches
+    rows = batch["tokens"].shape[0]
+    if rows % m:
+        raise ValueError(f"batch of {rows} rows does not split into mini_batches={m}")
+    take = jax.jit(functools.partial(take_mini, mini_batches=m))
+    has_tokens = jax.jit(lambda x: jnp.any(x > 0))
+
+    def mini(j: int) -> tuple[Batch, bool]:
+        with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+            mb = take(batch, jnp.int32(j))
+            return mb, bool(has_tokens(mb["loss_mask"]))
+    runs, per_step = [], []
+    for _ in range(cfg.epochs):
+        for j in range(m):
+            mb, trained = mini(j)
+            if not trained:
+                per_step.append(jnp.asarray(jnp.nan, jnp.float32))
+                continue
+            state, met = update(state, mb)
+            runs.append(met)
+            per_step.append(met["clip_frac"])
+    n_run = len(runs)
+    if not runs:  # no trained token anywhere: one update, as the one-step path makes (zero gradient)
+        state, met = update(state, mini(0)[0])
+        runs = [met]
+    out = {k: (jnp.max(jnp.stack([r[k] for r in runs])) if k == "ratio_max"
+               else jnp.mean(jnp.stack([jnp.asarray(r[k], jnp.float32) for r in runs]))) for k in runs[0]}
+    out["optimizer_steps"] = jnp.asarray(n_run, jnp.float32)
+    out.update({f"clip_frac_step{i}": v for i, v in enumerate(per_step)})
+    return state, out
 
 
 def jit_state_update(fn: Callable, cfg: RLConfig, *, mesh: Mesh | None = None,

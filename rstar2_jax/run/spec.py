@@ -188,6 +188,10 @@ def _check_coupled(s: RunSpec) -> None:
     if s.rl.micro_batch_size is not None and s.rows % s.rl.micro_batch_size:
         raise ValueError(f"RunSpec: rl.micro_batch_size ({s.rl.micro_batch_size}) must divide the RL batch, "
                          f"schedule.problems_per_step x rl.roc.keep_per_group = {s.rows} rows")
+    mini = s.rows // s.rl.mini_batches if s.rows % s.rl.mini_batches == 0 else None
+    if mini is None or (s.rl.micro_batch_size is not None and mini % s.rl.micro_batch_size):
+        raise ValueError(f"RunSpec: rl.mini_batches ({s.rl.mini_batches}) must split the RL batch ({s.rows} rows) into "
+                         f"mini-batches of a multiple of rl.micro_batch_size ({s.rl.micro_batch_size}) rows")
     if s.data.sft_shards is not None and s.sft.batch_size % s.data.sft_shards:
         raise ValueError(f"RunSpec: sft.batch_size ({s.sft.batch_size}) must be a multiple of data.sft_shards "
                          f"({s.data.sft_shards}): each shard fills batch_size / sft_shards rows")
@@ -199,6 +203,9 @@ def _check_coupled(s: RunSpec) -> None:
     if s.rollout.dynamic_sampling.enabled and s.async_rl.enabled:
         raise ValueError("RunSpec: rollout.dynamic_sampling runs in the synchronous loop only (so far): set "
                          "async_rl.max_staleness and async_rl.lookahead to 0, or turn dynamic sampling off")
+    if s.rl.optimizer_steps > 1 and s.async_rl.enabled:
+        raise ValueError("RunSpec: rl.mini_batches x rl.epochs > 1 runs in the synchronous loop only (so far: the "
+                         "policy version counts optimizer steps, the staleness bound counts batches)")
     if s.async_rl.inflight and s.async_rl.max_staleness < 1:
         raise ValueError("RunSpec: async_rl.inflight needs async_rl.max_staleness >= 1 (asynchronous RL)")
     if s.learner.seq_len is not None and s.data.max_prompt_tokens is not None \

@@ -125,6 +125,10 @@ class Learner:
             if ref_params is None and int(state.step) != 0:
                 raise ValueError("Learner: the KL term needs ref_params (the reference policy) for a resumed state")
             self.ref_params = reference_params(state.params if ref_params is None else ref_params, like=state.params)
+        rl = cfg.rl
+        if cfg.rows % rl.mini_batches or (rl.micro_batch_size and (cfg.rows // rl.mini_batches) % rl.micro_batch_size):
+            raise ValueError(f"Learner: rows ({cfg.rows}) must split into rl.mini_batches ({rl.mini_batches}) "
+                             f"mini-batches of a multiple of rl.micro_batch_size ({rl.micro_batch_size}) rows")
         self._step_fn = make_train_step(graphdef, cfg.rl, mesh=mesh, ref_params=self.ref_params)
         self.num_processes, self.process_index = jax.process_count(), jax.process_index()
         if self.num_processes > 1:
