@@ -158,7 +158,7 @@ def run_demo(args: DemoArgs) -> dict:
                         cache_load=lambda: load_sft_cache(args, params, sft_cfg),
                         cache_save=lambda st, rows: save_sft_cache(args, st, sft_cfg, rows)),
             eval_problems=heldout, eval_cfg=spec.eval_config(tpl), async_rl=spec.async_rl,
-            dynamic_sampling=spec.rollout.dynamic_sampling)
+            dynamic_sampling=spec.rollout.dynamic_sampling, curriculum=spec.schedule.curriculum)
         rc = spec.run_config(out, resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
                              show_progress=args.show_progress,
                              files={"config.json": json.dumps(mcfg.to_hf(), indent=2)})  # the policy's shape, HF-style

@@ -47,6 +47,8 @@ from rstar2_jax.rl.train_step import TrainState, init_train_state, reset_optimiz
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.run.resume import Cursor, open_checkpoints, step_seed
 from rstar2_jax.run.spec_parts import DynamicSamplingSpec
+from rstar2_jax.data.curriculum import Curriculum, CurriculumSpec, pass_rates
+from rstar2_jax.train.refill import round_seed
 from rstar2_jax.sampling import Engine
 from rstar2_jax.sandbox import SandboxBackend
 from rstar2_jax.train.sft import SFTConfig, shard_owner, train_sft_shards
@@ -136,10 +138,12 @@ class Parts:
     eval_cfg: EvalConfig | None = None
     async_rl: AsyncConfig = AsyncConfig()  # max_staleness 0: the synchronous loop (train.step.rl_step)
     dynamic_sampling: DynamicSamplingSpec = DynamicSamplingSpec()  # refill rounds (synchronous loop only)
+    curriculum: CurriculumSpec = CurriculumSpec()  # draw problems by difficulty (synchronous loop only)
 
     def __post_init__(self) -> None:
-        if self.dynamic_sampling.enabled and self.async_rl.enabled:
-            raise ValueError("Parts: dynamic sampling runs in the synchronous loop only (async_rl is on)")
+        if (self.dynamic_sampling.enabled or self.curriculum.enabled) and self.async_rl.enabled:
+            raise ValueError("Parts: dynamic sampling and the curriculum run in the synchronous loop only "
+                             "(async_rl is on)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -187,6 +191,9 @@ class _Run:
                            write=is_main_process(), config=dict(rc.run_config))
         self.rollout = self.learner = self.eval_engines = None
         self.async_: AsyncRL | None = None
+        self.curriculum = Curriculum(parts.curriculum) if parts.curriculum.enabled else None
+        if self.curriculum is not None:
+            self.curriculum.load_state(self.cursor.curriculum)
         self.visited: list[str] = []
         self.timings: dict[str, float] = {}
 
@@ -197,6 +204,8 @@ class _Run:
         c.rows = len(self.log.rows)
         if self.rollout is not None:
             c.rollout = allgather_json(self.rollout.state())  # every process's admission history
+        if self.curriculum is not None:
+            c.curriculum = self.curriculum.state()
         self.ckpt.save(state, data_cursor=c.to_json(), config={"run": dict(self.rc.run_config)}, step=c.save_id)
 
     # ---- stages ------------------------------------------------------------------------------------
@@ -281,13 +290,29 @@ class _Run:
         c.stage_step, c.problem_cursor, c.trunc_history = 0, 0, []
         self.save(self.learner.state)
 
-    def _batch(self, stage: str, ahead: int = 0, first: int | None = None) -> list[Any]:
+    def _batch(self, stage: str, ahead: int = 0, first: int | None = None, draw: int = 0) -> list[Any]:
         """The problems of the RL step ``ahead`` steps after the next one (same stage); ``first``: those
-        from that position of the stage's list instead (a refill round)."""
+        from that position of the stage's list instead (a refill round). With the curriculum: the next
+        step's ``draw``-th draw by difficulty (``data.curriculum``; seeded by the step's seed and ``draw``)."""
         c, sch = self.cursor, self.p.schedule
         pool = sch.problems(stage, c)
+        if self.curriculum is not None:
+            return self.curriculum.draw(pool, sch.problems_per_step,
+                                        seed=round_seed(step_seed(self.rc.seed, c.global_step + 1), draw))
         first = c.problem_cursor + ahead * sch.problems_per_step if first is None else first
         return [pool[(first + j) % len(pool)] for j in range(sch.problems_per_step)]
+
+    def _learn_difficulty(self, stage: str, res: Any) -> dict[str, int]:
+        """The curriculum's update from this step's rollouts (every process's), and its pool counts."""
+        ts = res.trajectories
+        counts: dict[str, list[int]] = {}
+        for part in allgather_json(pass_rates([t.problem_id for t in ts], [t.reward for t in ts],
+                                              [t.done_reason != "error" for t in ts])):
+            for pid, (pos, n) in part.items():
+                c = counts.setdefault(pid, [0, 0])
+                c[0], c[1] = c[0] + pos, c[1] + n
+        self.curriculum.update({pid: pos / n for pid, (pos, n) in counts.items() if n})
+        return self.curriculum.counts(self.p.schedule.problems(stage, self.cursor))
 
     def _refill(self, stage: str, consumed: list[int]) -> Refill | None:
         """Dynamic sampling's source of more problems (``rollout.dynamic_sampling``; None when off): the
@@ -297,7 +322,8 @@ class _Run:
             return None
 
         def more() -> list[Any]:
-            out = self._batch(stage, first=self.cursor.problem_cursor + consumed[0])
+            out = self._batch(stage, first=self.cursor.problem_cursor + consumed[0],
+                              draw=consumed[0] // self.p.schedule.problems_per_step)
             consumed[0] += len(out)
             return out
         return Refill(more=more, target=self.p.schedule.problems_per_step, max_rounds=ds.max_rounds)
@@ -324,9 +350,11 @@ class _Run:
         compiles.take()  # this step's compilations only (not the evaluation or checkpoint before it)
         consumed = [len(batch)]
         if self.async_ is None:
-            m, _ = rl_step(self.rollout, self.learner, self.p.reward_fn, batch, seed=step_seed(self.rc.seed,
-                           c.global_step + 1), budget=sch.budget(stage), compiles=compiles,
-                           refill=self._refill(stage, consumed))
+            m, res = rl_step(self.rollout, self.learner, self.p.reward_fn, batch, seed=step_seed(self.rc.seed,
+                             c.global_step + 1), budget=sch.budget(stage), compiles=compiles,
+                             refill=self._refill(stage, consumed))
+            if self.curriculum is not None:
+                m.update(self._learn_difficulty(stage, res))
         else:
             for j in range(self._horizon(stage)):
                 self.async_.request(c.global_step + j, self._batch(stage, j),

@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict:
             sft=SFTPart(cfg=spec.sft, shards=shards, ckpt_every=spec.checkpoint.every_sft,
                         load_shard=lambda s: render_records(records[s], tok, tpl)),
             eval_problems=eval_problems, eval_cfg=spec.eval_config(tpl), async_rl=spec.async_rl,
-            dynamic_sampling=spec.rollout.dynamic_sampling)
+            dynamic_sampling=spec.rollout.dynamic_sampling, curriculum=spec.schedule.curriculum)
         rc = spec.run_config(out, resume=args.resume, allow_changed=args.allow_changed, sinks=("jsonl", *args.log),
                              show_progress=show)
         abstract = abstract_train_state(params, spec.rl, mesh)

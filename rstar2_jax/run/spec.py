@@ -203,6 +203,9 @@ def _check_coupled(s: RunSpec) -> None:
     if s.rollout.dynamic_sampling.enabled and s.async_rl.enabled:
         raise ValueError("RunSpec: rollout.dynamic_sampling runs in the synchronous loop only (so far): set "
                          "async_rl.max_staleness and async_rl.lookahead to 0, or turn dynamic sampling off")
+    if s.schedule.curriculum.enabled and s.async_rl.enabled:
+        raise ValueError("RunSpec: schedule.curriculum runs in the synchronous loop only (so far): batches requested "
+                         "ahead would be drawn before the pass rates they should follow")
     if s.rl.optimizer_steps > 1 and s.async_rl.enabled:
         raise ValueError("RunSpec: rl.mini_batches x rl.epochs > 1 runs in the synchronous loop only (so far: the "
                          "policy version counts optimizer steps, the staleness bound counts batches)")

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any, Literal
 
 from rstar2_jax.admission.config import AdmissionConfig
+from rstar2_jax.data.curriculum import CurriculumSpec
 from rstar2_jax.sandbox.limits import SandboxLimits
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -242,6 +243,8 @@ class ScheduleSpec:
     problems_per_step: int = 8
     rl_steps: int = 20  # one stage: its steps (unused with stages)
     stages: StagesSpec | None = None
+    # an online difficulty curriculum over the stage's problems (data.curriculum); off: the list's order
+    curriculum: CurriculumSpec = dataclasses.field(default_factory=CurriculumSpec)
 
     def __post_init__(self) -> None:
         _ints(self, ("problems_per_step",), minimum=1)
