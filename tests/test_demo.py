@@ -181,8 +181,11 @@ def _wait_for_rl_step(proc: subprocess.Popen, out: Path, step: int, timeout_s: f
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_kill9_then_resume_equals_uninterrupted(tmp_path):
-    # a non-default objective with the KL term: the resumed process reads the reference policy back
-    objective = ["--loss-kind", "gspo", "--adv-kind", "dr_grpo", "--kl-coef", "0.05"]
+    # a non-default objective with the KL term: the resumed process reads the reference policy back; the
+    # curriculum draws problems by the pass rates it learnt (restored from the checkpoint's cursor), and
+    # dynamic sampling counts the problems it takes (the scripted groups all have signal: no extra round)
+    objective = ["--loss-kind", "gspo", "--adv-kind", "dr_grpo", "--kl-coef", "0.05",
+                 "--set", "schedule.curriculum.enabled=true", "--set", "rollout.dynamic_sampling.enabled=true"]
     cache = tmp_path / "jax_cache"
     straight = _run(tmp_path / "straight", cache, objective)
     # the second run starts once the first has compiled every program (RL step 2 logged: step 3 compiles
@@ -206,3 +209,5 @@ def test_kill9_then_resume_equals_uninterrupted(tmp_path):
     assert len(rl) == 4 and all(r["n_kept"] > 0 and r["train/update_norm"] > 0 for r in rl)  # updating steps
     assert all(r["train/kl"] > 0 for r in rl[1:]) and (tmp_path / "killed" / "reference").is_dir()  # KL to pi_ref ran
     assert all(r["train/mismatch/coverage"] == 0.0 for r in rl)  # scripted tokens: no sampler log-probs to compare
+    assert all(r["dyn/rounds"] == 0 and r["dyn/groups_kept"] == 2 for r in rl)
+    assert rl[-1]["curriculum/normal"] + rl[-1]["curriculum/easy"] + rl[-1]["curriculum/hard"] > 0

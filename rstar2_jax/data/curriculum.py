@@ -75,16 +75,21 @@ class Curriculum:
         return 0.0 if p == "retired" else self.spec.weights[POOLS.index(p)]
 
     def draw(self, problems: Sequence[Any], k: int, seed: int) -> list[Any]:
-        """``k`` distinct problems of ``problems`` drawn by pool weight (successive sampling without
-        replacement; Gumbel top-k); raises when fewer than ``k`` have a weight > 0."""
+        """``k`` problems of ``problems`` drawn by pool weight: successive sampling without replacement
+        (Gumbel top-k), distinct while ``k`` <= the problems that can be drawn; a smaller pool (e.g. after
+        the filter stage) is drawn whole and again, as the list order wraps around. Raises when no
+        problem has a weight > 0."""
         w = np.asarray([self.weight(p.id) for p in problems], np.float64)
         live = np.flatnonzero(w > 0)
-        if len(live) < k:
-            raise ValueError(f"curriculum: {len(live)} problems can still be drawn (of {len(problems)}; the rest "
-                             f"retired or weighted 0), a step needs {k}")
+        if not len(live):
+            raise ValueError(f"curriculum: none of the {len(problems)} problems can be drawn (all retired or "
+                             "weighted 0)")
         rng = np.random.default_rng(seed)
-        scores = np.log(w[live]) + rng.gumbel(size=len(live))
-        return [problems[i] for i in live[np.argsort(-scores, kind="stable")[:k]]]
+        out: list[Any] = []
+        while len(out) < k:
+            scores = np.log(w[live]) + rng.gumbel(size=len(live))
+            out += [problems[i] for i in live[np.argsort(-scores, kind="stable")[: k - len(out)]]]
+        return out
 
     def update(self, rates: Mapping[str, float]) -> None:
         """Record one step's pass rates (problem id -> share of its rollouts with reward > 0)."""

@@ -48,8 +48,12 @@ def test_retire_after_k_solved_steps():
     assert cur.counts(problems) == {"curriculum/easy": 0, "curriculum/normal": 2, "curriculum/hard": 0,
                                     "curriculum/retired": 1}
     assert all(p.id != "a" for s in range(50) for p in cur.draw(problems, 2, seed=s))
-    with pytest.raises(ValueError, match="2 problems can still be drawn"):
-        cur.draw(problems, 3, seed=0)
+    got = cur.draw(problems, 5, seed=0)  # more than can be drawn: the live pool whole, then again
+    assert len(got) == 5 and {p.id for p in got[:2]} == {"b", "c"} and "a" not in {p.id for p in got}
+    cur.update({"b": 1.0, "c": 1.0})
+    cur.update({"b": 1.0, "c": 1.0})
+    with pytest.raises(ValueError, match="none of the 3 problems can be drawn"):
+        cur.draw(problems, 1, seed=0)
 
 
 def test_state_round_trips_and_pass_rates_add_up_over_processes():

@@ -122,14 +122,19 @@ def _final(out: Path) -> tuple[dict, list[np.ndarray]]:
     return r.data_cursor, [np.asarray(x) for x in jax.tree.leaves(r.state.params)]
 
 
+# the batch shaping of issue 45 on: dynamic sampling gathers every process's group signal (the scripted groups
+# all have some: no extra round), the curriculum every process's pass rates, restored from the cursor on resume
+BATCH_SHAPING = ("--set", "rollout.dynamic_sampling.enabled=true", "--set", "schedule.curriculum.enabled=true")
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, recipe_jax_cache):
     """1 x 8 uninterrupted, alongside 2 x 4 killed (SIGKILL, both processes) in RL stage 1, then resumed."""
     root = tmp_path_factory.mktemp("recipe_mp")
     cache = recipe_jax_cache
     one, killed = root / "one", root / "killed"
-    straight = _launch(one, 1, cache)
-    procs = _launch(killed, 2, cache)
+    straight = _launch(one, 1, cache, BATCH_SHAPING)
+    procs = _launch(killed, 2, cache, BATCH_SHAPING)
     deadline, fired = time.monotonic() + 1500, False
     while time.monotonic() < deadline and all(p.poll() is None for p, _ in procs):
         rows = _whole_rows(killed / "metrics.jsonl")
@@ -144,7 +149,7 @@ def runs(tmp_path_factory, recipe_jax_cache):
     assert fired and all(p.returncode == -signal.SIGKILL for p, _ in procs), (
         "the run ended before it was killed", [log.read_text()[-2000:] for _, log in procs])
     at_kill = _whole_rows(killed / "metrics.jsonl")  # a row SIGKILL cut mid-write is not one
-    _wait(_launch(killed, 2, cache, ("--resume",)) + straight, timeout_s=1500)
+    _wait(_launch(killed, 2, cache, (*BATCH_SHAPING, "--resume")) + straight, timeout_s=1500)
     return {"one": one, "killed": killed, "at_kill": at_kill}
 
 
@@ -171,6 +176,8 @@ def test_two_processes_killed_and_resumed_run_the_recipe_like_one(runs):
                                                                "rl_stage3": 1}
     assert all(r["n_kept"] > 0 and r["train/update_norm"] > 0 for r in rl)  # every RL step updated
     assert all(r["tool_calls_executed"] > 0 for r in rl)  # the scripted policy's calls ran in the sandbox
+    assert all(r["dyn/rounds"] == 0 and r["dyn/groups_kept"] == r["dyn/groups_sampled"] for r in rl)
+    assert all(sum(r[f"curriculum/{p}"] for p in ("easy", "normal", "hard", "retired")) > 0 for r in rl)
     # the learner and the rollout service are built once: nothing compiles after the first RL step
     assert [r["compiles"] for r in rl[1:]] == [0] * (len(rl) - 1), [r["compiles"] for r in rl]
     assert sum(r.get("heldout_acc") is not None for r in r1) >= 2  # evaluation after SFT and later
