@@ -83,6 +83,7 @@ class OneStage:
     steps: int
     problems_per_step: int
     rl_stages: tuple[str, ...] = ("rl",)
+    sampled_token_budget: int | None = None  # the stage also ends once its rollouts sampled this many tokens
 
     def budget(self, stage: str) -> int | None:
         return None
@@ -91,11 +92,12 @@ class OneStage:
         return self.problems_list
 
     def next_stage(self, stage: str, cursor: Cursor) -> str:
-        return "done" if cursor.stage_step >= self.steps else stage
+        spent = self.sampled_token_budget is not None and cursor.sampled_tokens >= self.sampled_token_budget
+        return "done" if cursor.stage_step >= self.steps or spent else stage
 
     def steps_left(self, stage: str, cursor: Cursor) -> int | None:
         """RL steps left in ``stage`` (None: unknown ahead); async RL requests no batch past them."""
-        return self.steps - cursor.stage_step
+        return self.steps - cursor.stage_step if self.sampled_token_budget is None else None
 
     def filter_problems(self) -> Sequence[Any]:
         raise ValueError("OneStage has no filter stage")
@@ -364,6 +366,8 @@ class _Run:
         c.stage_step += 1
         c.global_step += 1
         c.trunc_history = c.trunc_history + [m["truncation_rate"]]
+        c.sampled_tokens += int(m["sampled_tokens"])
+        m["sampled_tokens_total"] = c.sampled_tokens
         row = {"stage": stage, "step": c.global_step, "stage_step": c.stage_step, **m,
                "step_s": time.perf_counter() - t}
         new = sch.next_stage(stage, c)

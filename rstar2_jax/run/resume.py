@@ -48,6 +48,7 @@ class Cursor:
     rows: int = 0  # metrics rows logged when saved (a resume keeps these, moves later ones aside)
     save_id: int = 0  # checkpoint number (increasing over the whole run)
     rollout: list[dict] | None = None  # each process's dispatcher state (admission history), process order
+    sampled_tokens: int = 0  # tokens the RL steps' rollouts sampled so far (every process's; all stages)
     curriculum: dict | None = None  # the online curriculum's per-problem statistics (data.curriculum; None: off)
 
     def to_json(self) -> dict[str, Any]:

@@ -242,6 +242,9 @@ class ScheduleSpec:
 
     problems_per_step: int = 8
     rl_steps: int = 20  # one stage: its steps (unused with stages)
+    # one stage: it also ends once its rollouts sampled this many tokens (sampled_tokens, every process's);
+    # None: steps only. Arms that sample differently per step (dynamic sampling) then get the same budget
+    sampled_token_budget: int | None = None
     stages: StagesSpec | None = None
     # an online difficulty curriculum over the stage's problems (data.curriculum); off: the list's order
     curriculum: CurriculumSpec = dataclasses.field(default_factory=CurriculumSpec)
@@ -249,6 +252,7 @@ class ScheduleSpec:
     def __post_init__(self) -> None:
         _ints(self, ("problems_per_step",), minimum=1)
         _ints(self, ("rl_steps",), minimum=0)
+        _ints(self, ("sampled_token_budget",), minimum=1, optional=True)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

@@ -103,7 +103,8 @@ def train_on(res: RolloutResult, learner: Learner, reward_fn: RewardBatchFn, *, 
         m.update(learner.update(batch))
         m.update({f"train/{k}": float(v) for k, v in learner.padding(sel, rec).items()})
     sampled = np.concatenate(allgather_rows(np.asarray([[sum(t.loss_mask)] for t in trajs], np.float64).reshape(-1, 1)))
-    m["signal_token_frac"] = signal / max(float(sampled.sum()), 1.0)  # of every sampled token, set-aside ones too
+    m["sampled_tokens"] = int(sampled.sum())  # every process's rollouts, set-aside ones too
+    m["signal_token_frac"] = signal / max(float(sampled.sum()), 1.0)
     train_s = time.perf_counter() - t0
     m.update(roc_rollout_metrics(trajs, sel, keep))
     red = reduce_scalars({"time_rollout_s": rollout_s, "time_reward_s": reward_s, "tool_time_s": res.metrics["tool_time_s"],
