@@ -6,10 +6,10 @@ package) stays small: a smaller process forks faster.
 """
 
 from .isolation import Isolation
-from .limits import STATUSES, CodeRequest, CodeResult, ResultStatus, SandboxLimits
+from .limits import STATUSES, CodeRequest, CodeResult, ResultStatus, SandboxLimits, SessionState
 
 __all__ = ["STATUSES", "CodeRequest", "CodeResult", "Isolation", "ResultStatus", "SandboxBackend", "SandboxLimits",
-           "SandboxPool", "open_pool"]
+           "SandboxPool", "SessionState", "open_pool"]
 
 
 def __getattr__(name: str):

@@ -39,6 +39,12 @@ class SandboxBackend(Protocol):
         """What the workers achieved on this machine (None: not known yet)."""
         ...
 
+    def end_session(self, session: str) -> None:
+        """End the persistent session ``session`` (``CodeRequest.session``) after its queued cells: its
+        interpreter and every process it started are killed, its files removed. An unknown or already ended
+        key is a no-op; it does not wait."""
+        ...
+
     def close(self, *, cancel_pending: bool = False) -> None:
         """Stop accepting requests; finish queued ones (or answer them with ``CodeResult.sandbox_error``)."""
         ...

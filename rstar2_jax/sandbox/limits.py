@@ -76,12 +76,17 @@ class SandboxLimits:
     uid_range: tuple[int, int] | None = (0x70010000, 0x70020000)
     startup_timeout_s: float = 120.0  # a worker that is not ready by then is a startup failure
     grace_s: float = 5.0  # extra wait on the worker beyond a call's wall limit before declaring it dead
+    # persistent sessions (``CodeRequest.session``): live sessions per worker (beyond it the least recently
+    # used one is ended: its next cell says RESTARTED), and the CPU seconds one session may use in all its
+    # cells (RLIMIT_CPU's hard limit of the session's interpreter; each cell also has ``cpu_s``).
+    max_sessions: int = 64
+    session_cpu_s: float = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("wall_s", "cpu_s", "startup_timeout_s", "grace_s"):
+        for name in ("wall_s", "cpu_s", "startup_timeout_s", "grace_s", "session_cpu_s"):
             _check_positive(self, name, float)
         for name in ("memory_mb", "fsize_mb", "tmpfs_mb", "nproc", "nofile", "output_bytes",
-                     "recursion_limit", "int_max_str_digits"):
+                     "recursion_limit", "int_max_str_digits", "max_sessions"):
             _check_positive(self, name, int)
         if self.nofile < 16:
             raise ValueError(f"SandboxLimits.nofile must be >= 16, got {self.nofile!r}")
@@ -114,12 +119,23 @@ class CodeRequest:
     ``wrap=True`` runs it notebook-like (the last expression is printed with ``repr``; an exception prints
     ``Name at line N: message`` to stderr and exits 1); ``wrap=False`` runs it like ``python -c``.
     ``timeout_s`` overrides ``SandboxLimits.wall_s`` (and raises the CPU limit to match when larger).
+
+    Jupyter-style cells (docs/design.md §3.3), two ways:
+
+    * ``session``: a key (e.g. one per trajectory). The cell runs in that session's interpreter, which
+      keeps variables, imports and files between the cells of the key and is never shared with another
+      key (``SessionState`` in the result says whether it was new, kept or restarted). A cell that breaks
+      a limit (time, memory, output) ends the session; ``SandboxBackend.end_session`` ends it otherwise.
+    * ``history`` (the release's replay, its ``SimJupyterTool``): earlier cells run first, in the same
+      fresh process, with their output discarded and their exceptions ignored; then ``code``.
     """
 
     code: str
     stdin: str = ""
     wrap: bool = True
     timeout_s: float | None = None
+    session: str | None = None
+    history: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.code, str):
@@ -130,6 +146,25 @@ class CodeRequest:
             raise ValueError(f"CodeRequest.wrap must be a bool, got {self.wrap!r}")
         if self.timeout_s is not None:
             _check_positive(self, "timeout_s", float)
+        if self.session is not None and (not isinstance(self.session, str) or not self.session):
+            raise ValueError(f"CodeRequest.session must be None or a non-empty str, got {self.session!r}")
+        if not isinstance(self.history, tuple) or not all(isinstance(c, str) for c in self.history):
+            raise ValueError("CodeRequest.history must be a tuple of str (earlier cells)")
+        if self.history and self.session is not None:
+            raise ValueError("CodeRequest: history (replay) and session (persistent) are two modes; set one")
+        if (self.history or self.session is not None) and not self.wrap:
+            raise ValueError("CodeRequest: cells (session or history) run notebook-like: wrap must be True")
+
+
+class SessionState(enum.StrEnum):
+    """What a cell ran in (``CodeResult.session``)."""
+
+    NONE = ""  # not a session cell
+    NEW = "new"  # the key's first cell: a fresh interpreter
+    KEPT = "kept"  # the key's interpreter from its earlier cells
+    # the key's interpreter had ended (a limit broken by an earlier cell, ``end_session``, eviction to
+    # respect ``SandboxLimits.max_sessions``, a worker restart): a fresh one, earlier state is gone
+    RESTARTED = "restarted"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,6 +175,9 @@ class CodeResult:
     there was no process (sandbox_error). duration_s: wall time of the call in the worker, seconds.
     truncated: output was cut at ``SandboxLimits.output_bytes`` (status ``output_limit``).
     stdout/stderr are decoded as UTF-8 with invalid bytes replaced.
+    session: for a session cell, whether its interpreter was new, kept or restarted (``SessionState``);
+    session_ended: the cell ended its session (it broke a limit, or its interpreter died): the key's next
+    cell starts a fresh one (``RESTARTED``).
     """
 
     status: ResultStatus | str  # stored as the ``ResultStatus``
@@ -148,11 +186,14 @@ class CodeResult:
     exit_code: int | None
     duration_s: float
     truncated: bool
+    session: SessionState | str = SessionState.NONE
+    session_ended: bool = False
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"CodeResult.status must be one of {STATUSES}, got {self.status!r}")
         object.__setattr__(self, "status", ResultStatus(self.status))
+        object.__setattr__(self, "session", SessionState(self.session))
 
     @classmethod
     def sandbox_error(cls, message: str, duration_s: float = 0.0) -> "CodeResult":
