@@ -86,6 +86,14 @@ class Executor:
         self.dirty = False  # the work dir is fresh and no call ran yet
         self.warm: WarmChild | None = None
         self.fork_error = ""
+        self.sessions = None  # ``session.Sessions`` once a session cell arrived: their processes are spared
+
+    def keep_pids(self) -> frozenset[int]:
+        """Children of ours that a call's cleanup must spare: live sessions' interpreters, the idle warm child."""
+        keep = self.sessions.pids() if self.sessions is not None else frozenset()
+        if keep and self.warm is not None:
+            keep = keep | {self.warm.pid}
+        return keep
 
     # ---------------------------------------------------------------- between calls
     def prepare(self) -> None:
@@ -116,13 +124,14 @@ class Executor:
         return warm
 
     # ---------------------------------------------------------------- one call
-    def run(self, code: str, stdin: bytes, wrap: bool, wall_s: float, cpu_s: float) -> tuple:
+    def run(self, code: str, stdin: bytes, wrap: bool, wall_s: float, cpu_s: float,
+            history: tuple[str, ...] = ()) -> tuple:
         """Returns (status, stdout bytes, stderr bytes, exit_code, duration_s, truncated)."""
         warm = self._take_warm()
         if warm is None:
             return "sandbox_error", b"", self.fork_error.encode(), None, 0.0, False
         self.dirty = True
-        pending = request_frame(code, wrap, cpu_s, stdin)
+        pending = request_frame(code, wrap, cpu_s, stdin, history)
         pid, pidfd, in_w = warm.pid, warm.pidfd, warm.in_w
         t0 = time.monotonic()  # the call's clocks start with the hand-over
         try:
@@ -271,7 +280,11 @@ class Executor:
                 return False, False
 
     # ---------------------------------------------------------------- the process tree
-    def _kill_all(self, pid: int) -> None:
+    def _kill_all(self, pid: int | None) -> None:
+        keep = self.keep_pids()
+        if keep:  # sessions live beside the calls: spare them (and their idle warm sibling)
+            self.kill_others(keep, pid)
+            return
         if self.pid_ns:
             try:
                 os.kill(-1, signal.SIGKILL)  # everything in our pid namespace except us
@@ -289,8 +302,54 @@ class Executor:
             except OSError:
                 pass
 
+    def kill_others(self, keep: frozenset[int], pid: int | None = None) -> None:
+        """SIGKILL every process below us except ``keep`` (their own children are killed); ``pid``'s group
+        too without a pid namespace."""
+        if pid is not None and not self.pid_ns:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        for child in _descendants(os.getpid()):
+            if child not in keep:
+                try:
+                    os.kill(child, signal.SIGKILL)
+                except OSError:
+                    pass
+
+    def child_pids(self) -> list[int]:
+        """Our children now, zombies included."""
+        if self.children is not None:
+            return [int(p) for p in os.pread(self.children, 1 << 16, 0).split()]
+        return _children_by_scan().get(os.getpid(), [])
+
+    def reap_others(self, keep: frozenset[int]) -> None:
+        """Kill and reap every child of ours outside ``keep`` (orphans come back to us as they are killed)."""
+        deadline = None
+        while True:
+            others = [p for p in self.child_pids() if p not in keep]
+            if not others:
+                return
+            for p in others:
+                try:
+                    os.waitpid(p, os.WNOHANG)
+                except ChildProcessError:
+                    pass
+            if not [p for p in self.child_pids() if p not in keep]:
+                return
+            if deadline is None:
+                deadline = time.monotonic() + 10.0
+            elif time.monotonic() > deadline:
+                raise RuntimeError("a call's processes survived SIGKILL for 10 s")
+            self.kill_others(keep)
+            time.sleep(0.0002)
+
     def _reap_rest(self, pid: int) -> None:
         """Kill and reap every other process the call left (orphans are re-parented to us)."""
+        keep = self.keep_pids()
+        if keep:
+            self.reap_others(keep)
+            return
         if self.children is not None and not os.pread(self.children, 16, 0):
             return  # the usual case, in one syscall
         deadline = None

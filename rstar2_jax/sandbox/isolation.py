@@ -354,6 +354,11 @@ class Confinement:
         if self.seccomp is not None:  # last: nothing above needs a denied syscall
             self.seccomp.install()
 
+    def arm_session(self) -> None:
+        """In a session's interpreter once it is confined (``session.py``; its CPU limits are its own)."""
+        if self.dumpable:
+            sc.prctl(sc.PR_SET_DUMPABLE, 1)
+
     def arm(self, cpu_s: float) -> None:
         """In the call's child once its request is read: the CPU limit (lowering it needs no privilege),
         and dumpable again where only the pid namespace sees it (the user's code may read /proc/self)."""

@@ -62,7 +62,6 @@ import concurrent.futures
 import dataclasses
 import marshal
 import os
-import queue
 import select
 import signal
 import sys
@@ -75,7 +74,7 @@ from multiprocess import spawn as _mp_spawn
 from . import uids, worker
 from .backend import SandboxBackend, percentile_ms
 from .isolation import Isolation
-from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits
+from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits, SessionState
 
 _tls = threading.local()
 
@@ -113,6 +112,7 @@ class _Worker:
         self.conn = parent_conn
         self.init_pid: int | None = None
         self.init_pidfd: int | None = None
+        self.live_sessions = 0  # sessions alive in this worker (as of its last answer)
         # as root: a uid no other live worker on the host has (its calls' process budget, signals, files)
         self.uid_lease = uids.lease(limits.uid_range) if os.geteuid() == 0 and limits.uid_range else None
         _tls.bare = True
@@ -155,20 +155,38 @@ class _Worker:
         self.poller = select.poll()
         self.poller.register(self.fd, select.POLLIN)
 
-    def call(self, req: CodeRequest, limits: SandboxLimits) -> CodeResult:
-        """One call; raises (EOFError, OSError, TimeoutError, RuntimeError) when the worker is unusable."""
+    def call(self, req: CodeRequest, limits: SandboxLimits, known: bool = False, uid: int | None = None) -> CodeResult:
+        """One call or session cell (``known``: the pool ran cells of ``req.session`` before; ``uid``: the
+        session's own uid); raises (EOFError, OSError, TimeoutError, RuntimeError) when the worker is unusable."""
         wall = limits.wall_s if req.timeout_s is None else float(req.timeout_s)
         cpu = limits.cpu_s if req.timeout_s is None else max(limits.cpu_s, wall)
         fd = self.fd  # raw framing on the Connection's fd: the hot path skips its per-call selector
-        worker.send(fd, ("run", req.code, req.stdin.encode("utf-8", "replace"), req.wrap, wall, cpu))
-        if not self.poller.poll(1000.0 * (wall + limits.grace_s)):
-            raise TimeoutError(f"worker gave no result {limits.grace_s} s after the wall limit")
-        message = worker.recv(fd)
+        stdin = req.stdin.encode("utf-8", "replace")
+        if req.session is None:
+            worker.send(fd, ("run", req.code, stdin, req.wrap, wall, cpu, req.history))
+        else:
+            worker.send(fd, ("cell", req.session, known, uid, req.code, stdin, wall, cpu))
+        message = self._reply(wall + limits.grace_s)
         if message[0] != "result":
             raise RuntimeError(f"worker failed: {message[1]}")
-        _, status, out, err, exit_code, duration, truncated = message
+        self.live_sessions = message[-1]
+        status, out, err, exit_code, duration, truncated = message[1:7]
+        session = message[7:9] if req.session is not None else ()
         return CodeResult(status, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"),
-                          exit_code, duration, truncated)
+                          exit_code, duration, truncated, *session)
+
+    def end_session(self, key: str, grace_s: float) -> None:
+        """End session ``key`` in this worker (a no-op there if it has none); raises like ``call``."""
+        worker.send(self.fd, ("end", key))
+        message = self._reply(grace_s)
+        if message[0] != "ended":
+            raise RuntimeError(f"worker failed: {message[1]}")
+        self.live_sessions = message[1]
+
+    def _reply(self, within_s: float) -> tuple:
+        if not self.poller.poll(1000.0 * within_s):
+            raise TimeoutError(f"worker gave no answer within {within_s:.1f} s")
+        return worker.recv(self.fd)
 
     def idle_and_alive(self) -> bool:
         """No message is waiting and the pipe is open (a dead init shows as readable: EOF)."""
@@ -219,8 +237,54 @@ class _Worker:
             self.uid_lease.release()
 
 
+class _Queues:
+    """The pool's FIFO of requests: one shared by every slot, and one per slot for session work (a session's
+    cells and its end go to the slot whose worker holds the session). A slot takes its own first."""
+
+    def __init__(self, slots: int) -> None:
+        self.cond = threading.Condition()
+        self.shared: collections.deque = collections.deque()
+        self.own = [collections.deque() for _ in range(slots)]
+        self.closed = False
+
+    def put(self, item: tuple, slot: int | None = None) -> None:
+        with self.cond:
+            (self.shared if slot is None else self.own[slot]).append(item)
+            self.cond.notify_all()
+
+    def get(self, slot: int) -> tuple | None:
+        """The slot's next item; None once the pool is closed and nothing is left for it."""
+        with self.cond:
+            while True:
+                if self.own[slot]:
+                    return self.own[slot].popleft()
+                if self.shared:
+                    return self.shared.popleft()
+                if self.closed:
+                    return None
+                self.cond.wait()
+
+    def close(self) -> None:
+        """No more items: each slot ends once its own and the shared queue are empty."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def drain(self) -> list[tuple]:
+        with self.cond:
+            items = list(self.shared) + [i for q in self.own for i in q]
+            self.shared.clear()
+            for q in self.own:
+                q.clear()
+            return items
+
+    def depth(self, slot: int | None = None) -> int:
+        with self.cond:
+            return len(self.shared) + sum(map(len, self.own)) if slot is None else len(self.own[slot])
+
+
 class _Slot(threading.Thread):
-    """Owns one worker: takes requests from the pool's queue, one at a time, and replaces a dead worker."""
+    """Owns one worker: takes requests from the pool's queues, one at a time, and replaces a dead worker."""
 
     def __init__(self, pool: "SandboxPool", index: int) -> None:
         super().__init__(name=f"rstar2-sandbox-slot-{index}", daemon=True)
@@ -242,23 +306,49 @@ class _Slot(threading.Thread):
         self.ready.set()
         pool = self.pool
         while True:
-            item = pool._queue.get()
+            item = pool._queues.get(self.index)
             if item is None:
                 break
             future, req, submitted = item
+            if future is None:  # ("end", key): end_session
+                self._end(req)
+                continue
             if not future.set_running_or_notify_cancel():
                 continue
             started = time.monotonic()
+            known, uid = pool._cell_starts(req.session) if req.session is not None else (False, None)
             try:
-                result = self._call(req)
+                result = self._call(req, known, uid)
             except BaseException as exc:  # noqa: BLE001 - a bug here must still answer the request
                 result = CodeResult.sandbox_error(f"sandbox error: {type(exc).__name__}: {exc}")
+            if req.session is not None and result.status == "sandbox_error" and not result.session:
+                result = dataclasses.replace(result, session=SessionState.KEPT if known else SessionState.NEW,
+                                             session_ended=True)
             pool._record(result, submitted, started)
             future.set_result(result)
         if self.worker is not None:
             self.worker.stop()
 
-    def _call(self, req: CodeRequest) -> CodeResult:
+    def _end(self, item: tuple) -> None:
+        key, lease = item
+        try:
+            if self.worker is not None and self.worker.idle_and_alive():  # else its sessions are gone already
+                self.worker.end_session(key, self.pool.limits.grace_s + 10.0)
+        except BaseException:  # noqa: BLE001 - an unusable worker: replaced, its sessions die with it
+            self._replace()
+        finally:
+            if lease is not None:
+                lease.release()  # its processes are dead (a later lease also skips a uid still in use)
+
+    def _replace(self) -> None:
+        self.worker.kill()
+        self.pool._note_restart()
+        try:
+            self._start_worker()
+        except BaseException:  # noqa: BLE001 - retried on the next call
+            self.worker = None
+
+    def _call(self, req: CodeRequest, known: bool = False, uid: int | None = None) -> CodeResult:
         if self.worker is not None and not self.worker.idle_and_alive():  # died while idle: replace first
             self.worker.kill()
             self.pool._note_restart()
@@ -270,15 +360,10 @@ class _Slot(threading.Thread):
                 return CodeResult.sandbox_error(f"sandbox worker could not start: {exc}")
         t0 = time.monotonic()
         try:
-            return self.worker.call(req, self.pool.limits)
+            return self.worker.call(req, self.pool.limits, known, uid)
         except BaseException as exc:  # noqa: BLE001 - the worker is unusable: replace it
             reason = "worker died" if isinstance(exc, EOFError) else f"{type(exc).__name__}: {exc}"
-            self.worker.kill()
-            self.pool._note_restart()
-            try:
-                self._start_worker()
-            except BaseException:  # noqa: BLE001 - retried on the next call
-                self.worker = None
+            self._replace()
             return CodeResult.sandbox_error(f"sandbox error: {reason}", time.monotonic() - t0)
 
 
@@ -292,8 +377,15 @@ class SandboxPool(SandboxBackend):
             raise ValueError(f"SandboxPool.limits must be a SandboxLimits, got {type(limits).__name__}")
         self.limits = limits
         self._ctx = multiprocess.get_context("spawn")
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._queues = _Queues(workers)
         self._lock = threading.Lock()
+        # session key -> [slot index, cells started]: a session's cells go to the slot whose worker holds it
+        self._sessions: dict[str, list[int]] = {}
+        self._slot_keys = [0] * workers  # keys placed on each slot (new keys go to the least loaded)
+        self._session_counts = collections.Counter({k: 0 for k in ("new", "kept", "restarted", "ended", "closed")})
+        # as root with ``uid_range``: each session runs as a uid of its own (``uids.lease``, held until its end)
+        self._session_uids = os.geteuid() == 0 and limits.uid_range is not None
+        self._retired: list = []  # leases of sessions ended after close: released once the workers are down
         self._closed = False
         self._isolation: Isolation | None = None
         self._isolation_notes: dict[str, str] = {}
@@ -319,12 +411,50 @@ class SandboxPool(SandboxBackend):
         if not isinstance(req, CodeRequest):
             raise TypeError(f"SandboxPool.submit expects a CodeRequest, got {type(req).__name__}")
         future: concurrent.futures.Future = concurrent.futures.Future()
+        lease = None
+        if req.session is not None and req.session not in self._sessions and self._session_uids:
+            lease = uids.lease(self.limits.uid_range)  # a uid of its own for the new session (outside the lock)
         with self._lock:
             if self._closed:
+                if lease is not None:
+                    lease.release()
                 raise RuntimeError("SandboxPool is closed")
             self._pending += 1
-            self._queue.put((future, req, time.monotonic()))
+            slot = None
+            if req.session is not None:
+                entry = self._sessions.get(req.session)
+                if entry is None:
+                    slot = min(range(len(self._slots)), key=lambda i: (self._slot_keys[i], self._queues.depth(i)))
+                    entry = self._sessions[req.session] = [slot, 0, lease]
+                    self._slot_keys[slot] += 1
+                elif lease is not None:  # another thread placed the key meanwhile
+                    lease.release()
+                slot = entry[0]
+            self._queues.put((future, req, time.monotonic()), slot)
         return future
+
+    def end_session(self, session: str) -> None:
+        """End ``session`` after its queued cells (``SandboxBackend.end_session``); does not wait."""
+        with self._lock:
+            entry = self._sessions.pop(session, None)
+            if entry is None:
+                return
+            self._slot_keys[entry[0]] -= 1
+            self._session_counts["closed"] += 1
+            if self._closed:  # the workers stop, and their sessions with them
+                self._retired.append(entry[2])
+                return
+            self._queues.put((None, (session, entry[2]), time.monotonic()), entry[0])
+
+    def _cell_starts(self, key: str) -> tuple[bool, int | None]:
+        """A cell of ``key`` starts now: whether an earlier one did (so a missing session was restarted), and
+        the uid its session runs as (None: the calls' uid)."""
+        with self._lock:
+            entry = self._sessions.get(key)
+            if entry is None:  # ended while this cell waited: the worker starts a fresh one
+                return False, None
+            entry[1] += 1
+            return entry[1] > 1, None if entry[2] is None else entry[2].uid
 
     # ------------------------------------------------------------------ bookkeeping
     def _record(self, result: CodeResult, submitted: float, started: float) -> None:
@@ -333,6 +463,9 @@ class SandboxPool(SandboxBackend):
             self._calls += 1
             self._pending -= 1
             self._statuses[result.status] += 1
+            if result.session:
+                self._session_counts[result.session.value] += 1
+                self._session_counts["ended"] += result.session_ended
             self._latency.append(now - started)
             self._wait.append(started - submitted)
 
@@ -369,7 +502,11 @@ class SandboxPool(SandboxBackend):
                 "statuses": dict(self._statuses),
                 "latency_p50_ms": percentile_ms(latency, 50), "latency_p99_ms": percentile_ms(latency, 99),
                 "queue_wait_p50_ms": percentile_ms(wait, 50), "queue_wait_p99_ms": percentile_ms(wait, 99),
-                "queue_depth": self._queue.qsize(),
+                "queue_depth": self._queues.depth(),
+                # persistent sessions: cells by what they ran in (new / kept / restarted), sessions a cell
+                # ended (a limit), sessions end_session closed, keys with a slot, interpreters alive now
+                "sessions": dict(self._session_counts),
+                "session_keys": len(self._sessions),
                 "pending": self._pending,
                 "restarts": self._restarts,
                 "isolation": self._isolation.mode if self._isolation else None,
@@ -378,6 +515,7 @@ class SandboxPool(SandboxBackend):
                 "closed": self._closed,
             }
         stats["alive_workers"] = sum(1 for s in self._slots if s.worker is not None and s.worker.alive())
+        stats["live_sessions"] = sum(s.worker.live_sessions for s in self._slots if s.worker is not None)
         return stats
 
     # ------------------------------------------------------------------ lifetime
@@ -388,16 +526,11 @@ class SandboxPool(SandboxBackend):
                 return
             self._closed = True
             if cancel_pending:
-                while True:
-                    try:
-                        future, _, _ = self._queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    if future.set_running_or_notify_cancel():
+                for future, _, _ in self._queues.drain():
+                    if future is not None and future.set_running_or_notify_cancel():
                         self._pending -= 1
                         future.set_result(CodeResult.sandbox_error("sandbox error: pool closed"))
-            for _ in self._slots:
-                self._queue.put(None)
+            self._queues.close()
         for slot in self._slots:
             if slot is threading.current_thread():  # close() from a future's callback
                 continue
@@ -405,3 +538,9 @@ class SandboxPool(SandboxBackend):
                 slot.join()
             elif slot.worker is not None:
                 slot.worker.kill()
+        with self._lock:  # the workers are down: so are their sessions
+            leases = self._retired + [entry[2] for entry in self._sessions.values()]
+            self._retired = []
+        for lease in leases:
+            if lease is not None:
+                lease.release()

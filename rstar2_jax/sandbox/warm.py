@@ -4,7 +4,7 @@ Between calls (after the previous call's process tree is reaped and its files ar
 init forks the next call's process. Before the request exists it does everything that does not depend on
 it: stdio on fresh pipes, every other fd closed, its own process group (without a pid namespace), the uid
 drop (``Confinement.drop``), ``chdir`` to the fresh work dir. Then it blocks reading its stdin pipe, where
-the init writes one frame (4-byte big-endian length, ``marshal`` of ``(code, wrap, cpu_s)``) followed by
+the init writes one frame (4-byte big-endian length, ``marshal`` of ``(code, wrap, cpu_s, history)``) followed by
 the call's stdin. The child reads exactly the frame, sets the request's CPU limit (``Confinement.arm``)
 and runs the code; the rest of the pipe is the code's stdin. The init starts the call's wall clock when it
 writes the frame.
@@ -28,9 +28,10 @@ SETUP_MARK = b"sandbox setup failed: "
 _MAX_FD = 1 << 20
 
 
-def request_frame(code: str, wrap: bool, cpu_s: float, stdin: bytes) -> memoryview:
-    """What the init writes to a warm child's stdin pipe: the request frame, then the call's stdin."""
-    data = marshal.dumps((code, wrap, cpu_s))
+def request_frame(code: str, wrap: bool, cpu_s: float, stdin: bytes, history: tuple[str, ...] = ()) -> memoryview:
+    """What the init writes to a warm child's (or a session's) stdin pipe: the request frame, then the
+    call's stdin."""
+    data = marshal.dumps((code, wrap, cpu_s, history))
     return memoryview(b"".join((struct.pack("!I", len(data)), data, stdin)))
 
 
@@ -96,7 +97,7 @@ class WarmChild:
         self.pidfd = None
 
 
-def _read_exact(n: int) -> bytes | None:
+def read_exact(n: int) -> bytes | None:
     parts, left = [], n
     while left:
         chunk = os.read(0, left)
@@ -126,16 +127,16 @@ def _child(in_r: int, out_w: int, err_w: int, confinement: Confinement, workdir:
         except BaseException as exc:  # noqa: BLE001 - never run user code half-confined
             os.write(2, SETUP_MARK + repr(exc).encode())
             os._exit(SETUP_FAILED)
-        head = _read_exact(4)  # blocks until the request arrives
-        data = None if head is None else _read_exact(struct.unpack("!I", head)[0])
+        head = read_exact(4)  # blocks until the request arrives
+        data = None if head is None else read_exact(struct.unpack("!I", head)[0])
         if data is None:  # the init closed the pipe without a request
             os._exit(0)
-        code, wrap, cpu_s = marshal.loads(data)
+        code, wrap, cpu_s, history = marshal.loads(data)
         try:
             confinement.arm(cpu_s)
         except BaseException as exc:  # noqa: BLE001
             os.write(2, SETUP_MARK + repr(exc).encode())
             os._exit(SETUP_FAILED)
-        status = wrapper.execute(code, wrap)
+        status = wrapper.execute(code, wrap, history)
     finally:
         os._exit(status)

@@ -9,8 +9,11 @@ Nothing of the parent's memory or environment reaches the init or the calls.
 
 Wire format on the pipe: ``multiprocess.connection`` framing (4-byte big-endian length) of ``marshal``
 data (plain tuples/dicts/str/bytes/numbers: nothing a compromised init could make the pool execute).
-parent -> init: ``("config", dict)`` once, then ``("run", code, stdin_bytes, wrap, wall_s, cpu_s)``.
-init -> parent: ``("ready", info)`` or ``("error", message)``, then one ``("result", ...)`` per run.
+parent -> init: ``("config", dict)`` once, then ``("run", code, stdin_bytes, wrap, wall_s, cpu_s, history)``,
+``("cell", key, known, uid, code, stdin_bytes, wall_s, cpu_s)`` (a session's cell, ``session.py``) or ``("end", key)``.
+init -> parent: ``("ready", info)`` or ``("error", message)``, then one ``("result", ..., live_sessions)`` per
+run or cell (cells add the session state and whether it ended before the count), ``("ended", live_sessions)``
+per end.
 """
 
 from __future__ import annotations
@@ -108,6 +111,18 @@ def _stdio() -> None:
     sys.__stdin__ = sys.stdin
 
 
+def _sessions(executor, limits, workdir: str):
+    """The worker's ``session.Sessions``, made at its first cell: their directory sits beside the calls'
+    work dir and is spared by the calls' cleanup of the temp dirs."""
+    from .session import Sessions
+
+    root = os.path.join(os.path.dirname(workdir), "sessions")
+    executor.keep = executor.keep | {root}
+    executor.sessions = Sessions(executor, confinement=executor.confinement, root=root,
+                                 max_sessions=limits.max_sessions, session_cpu_s=limits.session_cpu_s)
+    return executor.sessions
+
+
 def init_main(fd: int, flags: str) -> None:
     """The init: preload, mount, then serve calls until the pool closes the pipe."""
     import dataclasses
@@ -194,24 +209,41 @@ def init_main(fd: int, flags: str) -> None:
     send(fd, ("ready", {"isolation": dataclasses.asdict(info), "host_pid": host_pid, "workdir": workdir,
                         "root_error": mounts.root_error, "seccomp_error": seccomp_error}))
     status = 0
+    sessions = None
     while True:
         try:
             message = recv(fd)
         except EOFError:
             break
-        if message[0] != "run":
+        kind = message[0]
+        if kind not in ("run", "cell", "end"):
             break
-        _, code, stdin, wrap, wall_s, cpu_s = message
         try:
-            result = executor.run(code, stdin, wrap, wall_s, cpu_s)
+            if kind == "run":
+                _, code, stdin, wrap, wall_s, cpu_s, history = message
+                result = executor.run(code, stdin, wrap, wall_s, cpu_s, history)
+            elif kind == "cell":
+                if sessions is None:
+                    sessions = _sessions(executor, limits, workdir)
+                _, key, known, uid, code, stdin, wall_s, cpu_s = message
+                result = sessions.run(key, known, uid, code, stdin, wall_s, cpu_s)
+            else:
+                if sessions is not None:
+                    sessions.end(message[1])
         except BaseException as exc:  # noqa: BLE001 - the pool replaces a worker that reports this
             send(fd, ("fatal", f"{type(exc).__name__}: {exc}"))
             status = 1
             break
-        send(fd, ("result", *result))
+        live = 0 if sessions is None else len(sessions.live)
+        send(fd, ("ended", live) if kind == "end" else ("result", *result, live))
         try:
             executor.prepare()  # clean up and fork the next call's child while the pool reads the result
         except Exception:  # noqa: BLE001 - run() retries it and reports a failure as fatal
+            pass
+    if sessions is not None:
+        try:
+            sessions.close()
+        except BaseException:  # noqa: BLE001 - exiting anyway: the namespace (or PDEATHSIG) ends them
             pass
     executor.close()
     if base is not None:

@@ -134,10 +134,64 @@ def prepare_main() -> None:
     sys.argv[:] = ["-c"]
 
 
-def execute(code: str, wrap: bool) -> int:
-    """Run ``code`` in ``__main__`` (see ``prepare_main``); return the exit status (0 ok, 1 uncaught error)."""
+class _Discard:
+    """A text stream that drops what is written (replayed cells' output)."""
+
+    encoding, errors = "utf-8", "strict"
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def replay(history: tuple[str, ...], namespace: dict) -> None:
+    """The release's replay (``SimJupyterTool``, docs/design.md §3.3): run each earlier cell in ``namespace``
+    with ``sys.stdout``/``sys.stderr`` discarded and its last expression evaluated but not shown; an
+    ``Exception`` ends that cell and is ignored (``SystemExit`` and ``KeyboardInterrupt`` are not: they end
+    the process, as in the release). Output written to the file descriptors (a subprocess) is not discarded."""
+    out, err = sys.stdout, sys.stderr
+    sys.stdout = sys.stderr = _Discard()
+    try:
+        for cell in history:
+            try:
+                is_expr, codes = split_last_expression(cell) or parse_last_expression(cell)
+                for i, c in enumerate(codes):
+                    (eval if is_expr and i == len(codes) - 1 else exec)(c, namespace)
+            except Exception:  # noqa: BLE001 - the release ignores a replayed cell's error
+                pass
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def run_cell(code: str, namespace: dict) -> int:
+    """One cell of a persistent session (``session.py``): wrapped mode in ``namespace``, which the next cell
+    sees. Returns 0, 1 (an uncaught exception, reported as in ``execute``) or a ``SystemExit``'s status
+    (the session goes on). Threads the cell started keep running; nothing is joined or flushed at exit."""
+    try:
+        _run_wrapped(code, namespace)
+        return 0
+    except SystemExit as exc:
+        return _exit_status(exc)
+    except BaseException as exc:  # noqa: BLE001 - the user's error is the result
+        try:
+            print(format_exception(exc), file=sys.stderr)
+        except BaseException:  # noqa: BLE001 - e.g. MemoryError while formatting
+            pass
+        return 1
+
+
+def execute(code: str, wrap: bool, history: tuple[str, ...] = ()) -> int:
+    """Run ``code`` in ``__main__`` (see ``prepare_main``), after replaying ``history`` (``replay``);
+    return the exit status (0 ok, 1 uncaught error)."""
     namespace = sys.modules["__main__"].__dict__  # see prepare_main
     try:
+        if history:
+            replay(history, namespace)
         if wrap:
             _run_wrapped(code, namespace)
         else:
