@@ -52,12 +52,13 @@ from rstar2_jax.rollout.messages import (Admitted, Crashed, Event, Exported, Imp
                                          ToolDone)
 from rstar2_jax.rollout.problem import Problem
 from rstar2_jax.rollout.state import Batch, Group, RolloutConfig, RolloutResult
-from rstar2_jax.rollout.template import ToolCall, ToolCallError, render_prompt
+from rstar2_jax.rollout.template import ToolCallError, render_prompt
+from rstar2_jax.rollout.tool_runs import ToolRuns
 from rstar2_jax.rollout.trajectory import Status, Trajectory, tool_calls_per_traj
 from rstar2_jax.rollout.worker import EngineWorker
 from rstar2_jax.sampling import Request, StopEvent
 from rstar2_jax.sampling.interface import Configured, Engine
-from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxBackend
+from rstar2_jax.sandbox import SandboxBackend
 from rstar2_jax.text.tokenizer import Tokenizer
 
 __all__ = ["ADMIT_EVERY", "EXPECTED_REFUSALS", "Dispatcher", "RolloutConfig", "RolloutResult", "is_expected_refusal"]
@@ -141,6 +142,7 @@ class Dispatcher:
         from tqdm.auto import tqdm
 
         self.b = Batch(budget=self.cfg.budget if budget is None else budget, n_engines=len(self.engines))
+        self.tools = ToolRuns(self.pool, self.cfg, self.b.out)  # this batch's calls and sessions
         trajs = self._build(problems, seed, first_group)
         self.ledger.new_batch(self.b.budget, self._progress)
         groups = list(self.b.pending)
@@ -173,6 +175,7 @@ class Dispatcher:
                 w.commands.put(StopWorker())
             for w in self.workers:
                 w.join()
+            self.tools.end_all()  # sessions of trajectories a failing batch left live
             bar.close()
             late: list[Event] = []  # what the workers reported after the last trajectory finished
             with self._push_lock:  # a push not yet forwarded waits for the next batch
@@ -297,11 +300,9 @@ class Dispatcher:
                 self.b.by_seq[(msg.engine, s)] = t
                 self.b.seq_of[t.uid] = (msg.engine, s)
         elif isinstance(msg, ToolDone):
-            try:
-                result = msg.future.result()
-            except Exception as ex:
-                result = CodeResult.sandbox_error(f"{type(ex).__name__}: {ex}")
-            self._on_tool(self.b.by_uid[msg.uid], result, time.perf_counter() - msg.t0)
+            done = self.tools.done(msg)  # None: more calls of the turn to wait for, or the trajectory ended
+            if done is not None:
+                self._on_tool(self.b.by_uid[msg.uid], *done)
         elif isinstance(msg, Crashed):  # the engine's state is undefined now: fail the whole batch loudly
             raise RuntimeError(f"engine {msg.engine} crashed: {type(msg.exc).__name__}: {msg.exc}\n\n"
                                f"Original traceback (engine worker thread):\n{msg.traceback}") from msg.exc
@@ -351,22 +352,15 @@ class Dispatcher:
             return
         self.b.mark[t.uid] = self.b.clock[e]
         self.ledger.on_progress(e, t.uid, waiting=True)
-        if isinstance(t.pending_call, ToolCallError):
-            self._on_tool(t, t.pending_call, 0.0)
-            return
-        call: ToolCall = t.pending_call
-        t0 = time.perf_counter()
-        try:
-            fut = self.pool.submit(CodeRequest(code=call.code, stdin=call.stdin, timeout_s=self.cfg.tool_timeout_s))
-            fut.add_done_callback(lambda f, uid=t.uid, t0=t0: self.b.out.put(ToolDone(uid, f, t0)))
-        except Exception as ex:  # pool refused: a tool error, not a crash
-            self._on_tool(t, CodeResult.sandbox_error(str(ex)), 0.0)
+        done = self.tools.start(t)  # the turn's calls (``rollout.tool_runs``); results now if none waits
+        if done is not None:
+            self._on_tool(t, *done)
 
-    def _on_tool(self, t: Trajectory, result: Any, latency: float) -> None:
+    def _on_tool(self, t: Trajectory, results: list[Any], latencies: list[float]) -> None:
+        """Every call of ``t``'s turn answered (call order): append the responses and resume it."""
         e, seq_id = self.b.seq_of[t.uid]
-        if not isinstance(result, ToolCallError):
-            self.b.tool_latency.append(latency)
-        tokens = t.on_tool_result(result, latency, self.tok, self.cfg.template)
+        self.b.tool_latency.extend(x for r, x in zip(results, latencies) if not isinstance(r, ToolCallError))
+        tokens = t.on_tool_results(results, latencies, self.tok, self.cfg.template)
         if tokens is None:
             self._finish(t, seq_id)
             return
@@ -422,6 +416,7 @@ class Dispatcher:
         g = self.b.group_of.get(t.uid)
         self.b.n_done += 1
         self.b.t_end[t.uid] = time.perf_counter()
+        self.tools.end(t.uid)  # its session, if it has one, ends with it
         if g is None:
             return  # never admitted
         e = self.b.engine_of[t.uid]
@@ -448,6 +443,7 @@ class Dispatcher:
             "idle_fraction": [max(0.0, 1 - w.busy_s / max(makespan, 1e-9)) for w in self.workers],
             "kv_peak_pages": [max((u for _, u in w.timeline), default=0) for w in self.workers],
             "kv_total_pages": [e.usable_pages for e in self.engines],
+            "tool_sessions_ended": self.tools.sessions_ended,  # persistent jupyter sessions ended (one per user)
             "tool_calls": len(self.b.tool_latency), "tool_latency_p50_s": float(np.percentile(lat, 50)),
             "tool_latency_p99_s": float(np.percentile(lat, 99)), "tool_time_s": float(np.sum(self.b.tool_latency)),
             "turns_per_traj": float(np.mean([len(t.turns) for t in trajs])),

@@ -151,11 +151,13 @@ class Crashed:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ToolDone:
-    """A sandbox call finished (``future`` holds its ``CodeResult``); ``t0``: perf_counter at submit."""
+    """A sandbox call finished (``future`` holds its ``CodeResult``); ``t0``: perf_counter at submit;
+    ``index``: the call's place in its turn (``Trajectory.pending_calls``)."""
 
     uid: int
     future: Any
     t0: float
+    index: int = 0
 
 
 @dataclasses.dataclass(frozen=True, slots=True)

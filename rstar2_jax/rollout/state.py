@@ -10,12 +10,14 @@ from __future__ import annotations
 import dataclasses
 import queue
 from collections import Counter, deque
-from typing import Any
+from typing import Any, Literal
 
 from rstar2_jax.admission import AdmissionConfig
 from rstar2_jax.rollout.template import TemplateConfig
 from rstar2_jax.rollout.trajectory import Trajectory
 from rstar2_jax.sampling import Sampler, Temperature
+
+TOOL_SESSIONS = ("persistent", "replay")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -33,8 +35,20 @@ class RolloutConfig:
     # 0: the first failing command fails the step (a code failure is not data). Expected refusals
     # (``dispatcher.EXPECTED_REFUSALS``) never count.
     max_errored: int = 0
+    # a turn's calls running at once (the template may let a turn hold several: ``TemplateConfig.several_calls``);
+    # 1: one after another. A persistent session's cells always run one after another.
+    max_parallel_calls: int = 4
+    # the jupyter tool's state across a trajectory's calls (``rollout.tool_runs``): "persistent" (one interpreter
+    # per trajectory, a sandbox session) or "replay" (the release's SimJupyterTool: each cell in a fresh process
+    # after every earlier cell). Unused with the python tool.
+    tool_session: Literal["persistent", "replay"] = "persistent"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.max_parallel_calls, int) or isinstance(self.max_parallel_calls, bool) \
+                or self.max_parallel_calls < 1:
+            raise ValueError(f"RolloutConfig.max_parallel_calls must be an int >= 1, got {self.max_parallel_calls!r}")
+        if self.tool_session not in TOOL_SESSIONS:
+            raise ValueError(f"RolloutConfig.tool_session must be one of {TOOL_SESSIONS}, got {self.tool_session!r}")
         if not isinstance(self.max_errored, int) or self.max_errored < 0:
             raise ValueError(f"RolloutConfig.max_errored must be an int >= 0, got {self.max_errored!r}")
         if self.n_samples < 1:

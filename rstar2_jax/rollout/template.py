@@ -16,54 +16,20 @@ differences are listed in docs/design.md §9.
 from __future__ import annotations
 
 import dataclasses
-import json
 from typing import Any, Literal, Protocol
 
+from rstar2_jax.rollout.tool_calls import (FORMATS, HERMES_TOOLS_BLOCK, ToolCall, ToolCallError, ToolCallFormat,
+                                           complete_calls)
+from rstar2_jax.rollout.tool_schemas import (JUPYTER_TOOL_NAME, JUPYTER_TOOL_SCHEMA, PYTHON_TOOL_SCHEMA,
+                                             RELEASE_TOOL_SCHEMA, TOOL_NAME, TOOL_SCHEMAS, TOOLS, tool_schema)
 from rstar2_jax.tags import DEFAULT_TAGS, Tags
 
-TOOL_NAME = "python_code_with_standard_io"
+__all__ = ["GENERATION_PROMPT", "JUPYTER_TOOL_NAME", "JUPYTER_TOOL_SCHEMA", "PYTHON_TOOL_SCHEMA", "RELEASE_TOOL_SCHEMA",
+           "TOOLS_BLOCK", "TOOL_NAME", "TOOL_SCHEMAS", "TemplateConfig", "ToolCall", "ToolCallError", "ToolCallFormat",
+           "find_tool_call", "generation_prompt", "parse_tool_call", "render_prompt", "render_system",
+           "render_tool_result", "tool_format", "tool_response_segment", "tool_responses_segment", "truncate_halves",
+           "truncate_middle"]
 
-PYTHON_TOOL_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "Execute Python code with standard input and capture standard output. "
-                       "The last expression is printed. Use print() to output results.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": "Python code to execute."},
-                "input": {"type": "string", "description": "Text passed to the program's standard input."},
-            },
-            "required": ["code", "input"],
-        },
-    },
-}
-
-# The released tool schema (verl fork, recipe/rstar2_agent/config/tool_config/python_tool_config.yaml),
-# key order as verl's pydantic model_dump gives it to the chat template.
-RELEASE_TOOL_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "Execute Python code with standard input and capture standard output. This function takes a "
-                       "Python code string and an input string, provides the input string through standard input "
-                       "(stdin) to the code, and captures and returns any output produced through standard output "
-                       "(stdout). If the executed code raises an exception, the error message will be captured and "
-                       "returned instead.",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "code": {"type": "string", "description": "A string containing Python code to be executed. The code "
-                                                          "can read from standard input using the input() function."},
-                "input": {"type": "string", "description": "A string that will be provided as standard input to the "
-                                                           "code when it calls input()."},
-            },
-            "required": ["code", "input"],
-        },
-    },
-}
-TOOL_SCHEMAS: dict[str, dict[str, Any]] = {"default": PYTHON_TOOL_SCHEMA, "release": RELEASE_TOOL_SCHEMA}
 
 DEFAULT_SYSTEM = (
     "You are a helpful assistant that solves math problems. The assistant first thinks about the "
@@ -86,12 +52,7 @@ RELEASE_USER_PREFIX = (
     "answer will be extracted automatically by the \\boxed{} tag.\nThis is the problem:\n"
 )
 
-TOOLS_BLOCK = (
-    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>\n{schema}\n</tools>\n\n"
-    "For each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n</tool_call>"
-)
+TOOLS_BLOCK = HERMES_TOOLS_BLOCK  # the hermes format's (tool_calls.HermesFormat)
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = DEFAULT_TAGS.tool_call_open, DEFAULT_TAGS.tool_call_close
 IM_START, IM_END = DEFAULT_TAGS.im_start, DEFAULT_TAGS.im_end
@@ -132,6 +93,19 @@ class TemplateConfig:
     # True: an answer after a turn's tool call (or without one) ends the trajectory; False (release):
     # a complete tool call always runs, whatever follows it in the turn.
     end_on_answer: bool = True
+    # the call syntax (``tool_calls.FORMATS``): "hermes" (JSON in <tool_call>, the release's) or "qwen3_coder"
+    # (Qwen3-Coder's XML <function=...><parameter=...>); it also writes the tools block and the responses.
+    tool_format: Literal["hermes", "qwen3_coder"] = "hermes"
+    # the one tool (``tool_schemas.TOOLS``): "python" (python_code_with_standard_io(code, input), a fresh
+    # process per call) or "jupyter" (jupyter_code(code), cells that share state across a trajectory's calls;
+    # how: ``RolloutConfig.tool_session``)
+    tool: Literal["python", "jupyter"] = "python"
+
+    @property
+    def several_calls(self) -> bool:
+        """Whether a turn can hold several calls (each runs): generation does not stop at ``</tool_call>``
+        (the release's stops only at ``<|im_end|>``). The default template stops at the first call."""
+        return self.tags.tool_call_close not in self.stop_markers
 
     def __post_init__(self) -> None:
         if self.max_response_chars < len(TRUNCATION_MARK) + 2:
@@ -145,6 +119,10 @@ class TemplateConfig:
         if self.tool_protocol not in TOOL_PROTOCOLS:
             raise ValueError(f"TemplateConfig.tool_protocol must be one of {TOOL_PROTOCOLS}, "
                              f"got {self.tool_protocol!r}")
+        if self.tool_format not in FORMATS:
+            raise ValueError(f"TemplateConfig.tool_format must be one of {tuple(FORMATS)}, got {self.tool_format!r}")
+        if self.tool not in TOOLS:
+            raise ValueError(f"TemplateConfig.tool must be one of {TOOLS}, got {self.tool!r}")
         if not isinstance(self.tags, Tags):
             raise ValueError(f"TemplateConfig.tags must be a Tags, got {type(self.tags).__name__}")
         markers = self.stop_markers
@@ -183,7 +161,7 @@ def generation_prompt(cfg: TemplateConfig) -> str:
 def render_system(cfg: TemplateConfig) -> str:
     if not cfg.include_tools:
         return cfg.system_prompt
-    return cfg.system_prompt + TOOLS_BLOCK.format(schema=json.dumps(TOOL_SCHEMAS[cfg.tool_schema]))
+    return cfg.system_prompt + tool_format(cfg).tools_block([tool_schema(cfg.tool, cfg.tool_schema)])
 
 
 def render_prompt(problem: str, cfg: TemplateConfig) -> str:
@@ -196,102 +174,38 @@ def render_prompt(problem: str, cfg: TemplateConfig) -> str:
 def tool_response_segment(text: str, cfg: TemplateConfig | None = None) -> str:
     """The exact text appended after a tool-call turn (not trained on), ending in a new turn:
     ``cfg.segment_prefix`` + ``<|im_start|>user\\n<tool_response>\\n{text}\\n</tool_response><|im_end|>\\n``
-    + the generation prompt. ``cfg`` defaults to ``TemplateConfig()``."""
+    + the generation prompt (hermes; qwen3_coder puts a newline after ``</tool_response>``). ``cfg``
+    defaults to ``TemplateConfig()``."""
+    return tool_responses_segment([text], cfg)
+
+
+def tool_responses_segment(texts: list[str], cfg: TemplateConfig | None = None) -> str:
+    """A turn's tool responses (call order) in one user turn, as Qwen's chat templates merge consecutive
+    tool messages: hermes ``<tool_response>\\n{r1}\\n</tool_response>\\n<tool_response>\\n{r2}\\n
+    </tool_response>``, qwen3_coder each followed by ``\\n``; then ``<|im_end|>\\n`` + the generation prompt."""
     cfg = cfg if cfg is not None else _DEFAULT
     t = cfg.tags
-    return (f"{cfg.segment_prefix}{t.im_start}user\n{t.tool_response_open}\n{text}\n{t.tool_response_close}"
+    return (f"{cfg.segment_prefix}{t.im_start}user\n{tool_format(cfg).responses(texts, t)}"
             f"{t.im_end}\n{generation_prompt(cfg)}")
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class ToolCall:
-    code: str
-    stdin: str
-
-
-_ERROR_PREFIX = {"decode": "Failed to decode tool call: ", "execute": "Error when executing tool: "}
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class ToolCallError:
-    """A call that cannot run. ``stage``: "decode" (not a call) or "execute" (the release's tool
-    lookup/argument errors, raised after decoding)."""
-
-    message: str  # why the call could not be decoded or run
-    stage: str = "decode"
-
-    def __post_init__(self) -> None:
-        if self.stage not in _ERROR_PREFIX:
-            raise ValueError(f"ToolCallError.stage must be one of {tuple(_ERROR_PREFIX)}, got {self.stage!r}")
-
-    def render(self) -> str:
-        return _ERROR_PREFIX[self.stage] + self.message
+def tool_format(cfg: TemplateConfig | None = None) -> ToolCallFormat:
+    """The call syntax of ``cfg`` (``cfg.tool_format``; the default template's: hermes)."""
+    return FORMATS[(cfg if cfg is not None else _DEFAULT).tool_format]
 
 
 def find_tool_call(turn_text: str, tags: Tags = DEFAULT_TAGS) -> str | None:
     """The body of the first complete ``<tool_call>...</tool_call>`` of a turn, else None."""
-    start = turn_text.find(tags.tool_call_open)
-    if start < 0:
-        return None
-    end = turn_text.find(tags.tool_call_close, start + len(tags.tool_call_open))
-    if end < 0:
-        return None
-    return turn_text[start + len(tags.tool_call_open):end]
+    bodies = complete_calls(turn_text, tags)
+    return bodies[0] if bodies else None
 
 
 def parse_tool_call(body: str, cfg: TemplateConfig | None = None) -> ToolCall | ToolCallError:
-    """Decode ``{"name": ..., "arguments": {"code": ..., "input": ...}}``; garbage -> ToolCallError.
-
-    With ``cfg.tool_protocol == "release"`` the release's rules and messages (``_parse_release``).
-    """
-    if cfg is not None and cfg.tool_protocol == "release":
-        return _parse_release(body)
-    try:
-        obj = json.loads(body)
-    except (json.JSONDecodeError, RecursionError) as e:
-        return ToolCallError(f"invalid JSON ({type(e).__name__}: {str(e)[:80]})")
-    if not isinstance(obj, dict) or "name" not in obj or "arguments" not in obj:
-        return ToolCallError("expected a JSON object with 'name' and 'arguments'")
-    if obj["name"] != TOOL_NAME:
-        return ToolCallError(f"unknown tool {str(obj['name'])[:40]!r}; the tool is {TOOL_NAME!r}")
-    args = obj["arguments"]
-    if isinstance(args, str):  # some models double-encode arguments
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError:
-            return ToolCallError("'arguments' is a string that is not a JSON object")
-    if not isinstance(args, dict) or not isinstance(args.get("code"), str):
-        return ToolCallError("'arguments' must be an object with a string 'code'")
-    stdin = args.get("input", "")
-    if stdin is None:
-        stdin = ""
-    if not isinstance(stdin, str):
-        return ToolCallError("'arguments.input' must be a string")
-    return ToolCall(code=args["code"], stdin=stdin)
-
-
-def _parse_release(body: str) -> ToolCall | ToolCallError:
-    """The release: its Hermes parser (``json.loads``, ``obj["name"]``, ``obj["arguments"]``; any
-    exception -> ``Failed to decode tool call: {e}``), then its tool call (tool lookup by name,
-    ``arguments.get("code", "")`` / ``.get("input", "")``; an exception -> ``Error when executing
-    tool: {e}``). No double-decoding of string arguments."""
-    try:
-        obj = json.loads(body)
-        name, args = obj["name"], obj["arguments"]
-    except Exception as e:  # noqa: BLE001 - the release catches everything here
-        return ToolCallError(str(e))
-    if not isinstance(name, str):  # verl's FunctionCall(name: str) refuses it (pydantic's longer message)
-        return ToolCallError(f"name must be a string, got {type(name).__name__}")
-    if name != TOOL_NAME:  # the release's tool registry lookup raises KeyError(name)
-        return ToolCallError(str(KeyError(name)), "execute")
-    if not isinstance(args, dict):
-        return ToolCallError(f"'{type(args).__name__}' object has no attribute 'get'", "execute")
-    code, stdin = args.get("code", ""), args.get("input", "")
-    if not isinstance(code, str):  # the release encodes code with code.encode()
-        return ToolCallError(f"'{type(code).__name__}' object has no attribute 'encode'", "execute")
-    if stdin is not None and not isinstance(stdin, str):  # refused by the release's service (not its text)
-        return ToolCallError(f"'input' must be a string, got {type(stdin).__name__}", "execute")
-    return ToolCall(code=code, stdin=stdin or "")
+    """Decode one call body in ``cfg``'s format (default: hermes, ``{"name": ..., "arguments": {"code": ...,
+    "input": ...}}``) for ``cfg.tool``; garbage -> ToolCallError. With ``cfg.tool_protocol == "release"``
+    the release's rules and messages (``tool_calls._hermes_release``)."""
+    cfg = cfg if cfg is not None else _DEFAULT
+    return tool_format(cfg).decode(body, cfg)
 
 
 def truncate_middle(text: str, limit: int) -> str:
@@ -331,9 +245,24 @@ def render_tool_result(result: _ResultLike | ToolCallError, cfg: TemplateConfig)
     release: ``Tool call success`` / ``Tool call failure\\nreason: {code-judge reason}``, then
     ``stdout: ...`` and ``stderr: ...`` lines only when non-empty (each capped at 1000 characters),
     then ``execution time: X.XXs``, cut by ``truncate_halves``; call errors are not truncated.
+    Both: a session cell's result says so when its session was restarted (``RESTARTED_NOTE`` before the
+    text) or ended by it (``ENDED_NOTE`` after); the notes are outside the truncation.
     """
-    if cfg.tool_protocol == "release":
-        return _render_release(result, cfg)
+    text = _render_release(result, cfg) if cfg.tool_protocol == "release" else _render_default(result, cfg)
+    if isinstance(result, ToolCallError):
+        return text
+    if str(getattr(result, "session", "")) == "restarted":
+        text = f"{RESTARTED_NOTE}\n{text}"
+    if getattr(result, "session_ended", False):
+        text = f"{text}\n{ENDED_NOTE}"
+    return text
+
+
+RESTARTED_NOTE = "Note: the Python session was restarted; earlier variables are gone."
+ENDED_NOTE = "Note: the session ended; the next call starts a new one."
+
+
+def _render_default(result: _ResultLike | ToolCallError, cfg: TemplateConfig) -> str:
     if isinstance(result, ToolCallError):
         text = result.render()
     elif result.status == "ok":

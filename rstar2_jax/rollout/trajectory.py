@@ -3,7 +3,9 @@
 A trajectory owns its token stream: the prompt ids, then alternately the sampled ids of an
 assistant turn (loss mask 1, sampler log-probs) and the tokenized tool-response segment (mask 0).
 One token budget covers the whole response, tool tokens included. At most ``max_turns`` assistant
-turns; only the first tool call of a turn runs. It knows nothing about engines or pools: the
+turns. Every complete tool call of a turn runs when the template lets a turn hold several
+(``TemplateConfig.several_calls``), else only the first; their responses come back in call order, in one
+appended segment. It knows nothing about engines or pools: the
 rollout loop feeds it generated tokens and tool results. Tags, stop behaviour and tool texts come
 from the ``TemplateConfig`` (docs/design.md §3).
 """
@@ -14,8 +16,8 @@ import dataclasses
 import enum
 from typing import Any, Literal, Sequence, get_args
 
-from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, find_tool_call, parse_tool_call,
-                                         render_tool_result, tool_response_segment)
+from rstar2_jax.rollout.template import (TemplateConfig, ToolCall, ToolCallError, render_tool_result, tool_format,
+                                         tool_responses_segment)
 from rstar2_jax.rewards.format import FormatStats, join_response
 from rstar2_jax.text.tokenizer import Tokenizer
 
@@ -63,10 +65,15 @@ class Trajectory:
     status: Status = Status.GENERATING
     done_reason: DoneReason | None = None
     error: str | None = None
-    pending_call: ToolCall | ToolCallError | None = None
+    pending_calls: list[ToolCall | ToolCallError] = dataclasses.field(default_factory=list)  # this turn's, in order
     reward: float = 0.0
     reward_info: dict[str, Any] = dataclasses.field(default_factory=dict)
     format: FormatStats | None = None  # set by the scoring stage: the one source of p_format and its metrics
+
+    @property
+    def pending_call(self) -> ToolCall | ToolCallError | None:
+        """The first pending call (None: none): the one call of a turn that holds one."""
+        return self.pending_calls[0] if self.pending_calls else None
 
     @property
     def remaining(self) -> int:
@@ -83,7 +90,7 @@ class Trajectory:
 
     def finish(self, reason: str, error: str | None = None) -> None:
         assert reason in DONE_REASONS, reason
-        self.status, self.done_reason, self.error, self.pending_call = Status.DONE, reason, error, None
+        self.status, self.done_reason, self.error, self.pending_calls = Status.DONE, reason, error, []
 
     def on_generated(self, tokens: list[int], logprobs: list[float], hit_length: bool,
                      tokenizer: Tokenizer, cfg: TemplateConfig, *, version: int | Sequence[int] = 0) -> None:
@@ -96,8 +103,11 @@ class Trajectory:
         self.versions.extend([int(version)] * len(tokens) if isinstance(version, int) else [int(v) for v in version])
         text = tokenizer.decode(tokens)
         self.turns.append(text)
-        tags = cfg.tags
-        body = find_tool_call(text, tags)  # found with or without the model's <|im_end|> after it
+        tags, fmt = cfg.tags, tool_format(cfg)
+        bodies = fmt.find_calls(text, tags)  # found with or without the model's <|im_end|> after them
+        if not cfg.several_calls:
+            bodies = bodies[:1]  # the turn was cut at the first </tool_call>: only that call runs
+        body = bodies[0] if bodies else None
         answered = tags.answer_close in text and (
             body is None or text.rfind(tags.answer_close) > text.find(tags.tool_call_close))
         if answered and (body is None or cfg.end_on_answer):
@@ -111,22 +121,34 @@ class Trajectory:
         elif len(self.turns) >= cfg.max_turns:
             self.finish("max_turns")  # a tool call in the last allowed turn is not run
         else:
-            self.pending_call = parse_tool_call(body, cfg)
+            self.pending_calls = [fmt.decode(b, cfg) for b in bodies]
             self.status = Status.WAITING_TOOL
 
     def on_tool_result(self, result: Any, latency_s: float, tokenizer: Tokenizer,
                        cfg: TemplateConfig) -> list[int] | None:
-        """Record the tool result; return the tokens to append (mask 0), or None if the budget ends here.
+        """``on_tool_results`` for a turn with one call."""
+        return self.on_tool_results([result], [latency_s], tokenizer, cfg)
 
-        ``result`` is a ``CodeResult`` or, for an undecodable call, the pending ``ToolCallError``.
+    def on_tool_results(self, results: Sequence[Any], latencies_s: Sequence[float], tokenizer: Tokenizer,
+                        cfg: TemplateConfig) -> list[int] | None:
+        """Record the turn's tool results (one per pending call, in call order); return the tokens to append
+        (mask 0: every response in one user turn), or None if the budget ends here.
+
+        Each result is a ``CodeResult`` or, for an undecodable call, its pending ``ToolCallError``. Every
+        call is a ``ToolRecord`` (a call whose response is dropped at the budget still counts).
         """
         assert self.status is Status.WAITING_TOOL, self.status
-        call = self.pending_call
-        if isinstance(result, ToolCallError):
-            self.tools.append(ToolRecord(DECODE_ERROR, 0.0))
-        else:
-            self.tools.append(ToolRecord(result.status, latency_s, call.code if isinstance(call, ToolCall) else ""))
-        text = tool_response_segment(render_tool_result(result, cfg), cfg)
+        calls = self.pending_calls
+        if len(results) != len(calls) or len(latencies_s) != len(calls):
+            raise ValueError(f"{len(calls)} pending calls, got {len(results)} results / {len(latencies_s)} latencies")
+        texts = []
+        for call, result, latency_s in zip(calls, results, latencies_s):
+            if isinstance(result, ToolCallError):
+                self.tools.append(ToolRecord(DECODE_ERROR, 0.0))
+            else:
+                self.tools.append(ToolRecord(result.status, latency_s, call.code if isinstance(call, ToolCall) else ""))
+            texts.append(render_tool_result(result, cfg))
+        text = tool_responses_segment(texts, cfg)
         segment = tokenizer.encode(text)
         if len(segment) >= self.remaining:  # no room for the response and at least one more token
             self.finish("budget")
@@ -136,7 +158,7 @@ class Trajectory:
         self.loss_mask.extend([0] * len(segment))
         self.sampler_logprobs.extend([0.0] * len(segment))
         self.versions.extend([-1] * len(segment))
-        self.pending_call, self.status = None, Status.GENERATING
+        self.pending_calls, self.status = [], Status.GENERATING
         return segment
 
 
