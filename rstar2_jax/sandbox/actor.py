@@ -61,9 +61,13 @@ class SandboxActor:
         self.pool = SandboxPool(workers=workers, limits=limits)
 
     async def run_batch(self, reqs: list[tuple]) -> list[tuple]:
-        """(code, stdin, wrap, timeout_s) tuples -> (status, stdout, stderr, exit_code, duration_s, truncated)."""
-        futures = [self.pool.run_async(CodeRequest(code=c, stdin=s, wrap=w, timeout_s=t)) for c, s, w, t in reqs]
+        """(code, stdin, wrap, timeout_s, session, history) tuples -> ``CodeResult`` fields as tuples."""
+        futures = [self.pool.run_async(CodeRequest(code=c, stdin=s, wrap=w, timeout_s=t, session=k, history=tuple(h)))
+                   for c, s, w, t, k, h in reqs]
         return [dataclasses.astuple(r) for r in await asyncio.gather(*futures)]
+
+    async def end_session(self, key: str) -> None:
+        self.pool.end_session(key)
 
     async def ping(self) -> dict:
         """Who and where this actor is, and what isolation its workers achieved."""

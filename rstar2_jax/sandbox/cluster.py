@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import dataclasses
 import threading
 import time
 from typing import Any, Sequence
@@ -42,7 +43,7 @@ from typing import Any, Sequence
 from .actor import ClusterConfig, SandboxActor, SandboxBusyError
 from .backend import SandboxBackend, percentile_ms
 from .isolation import Isolation
-from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits
+from .limits import STATUSES, CodeRequest, CodeResult, SandboxLimits, SessionState
 
 try:
     import ray
@@ -78,7 +79,7 @@ def _result(t: Sequence) -> CodeResult:
 
 
 def _payload(req: CodeRequest) -> tuple:
-    return (req.code, req.stdin, req.wrap, req.timeout_s)
+    return (req.code, req.stdin, req.wrap, req.timeout_s, req.session, req.history)
 
 
 class RaySandboxPool(SandboxBackend):
@@ -104,6 +105,7 @@ class RaySandboxPool(SandboxBackend):
         self._counts = collections.Counter({s: 0 for s in STATUSES})
         self._latency: collections.deque[float] = collections.deque(maxlen=20_000)
         self._batches = self._batched_calls = self._retried = self._failures = self._dropped = 0
+        self._sessions: dict[str, list] = {}  # session key -> [its actor, cells answered]
         self._actors = self._start_actors()
         self._batcher = threading.Thread(target=self._batch_loop, name="rstar2-ray-batcher", daemon=True)
         self._batcher.start()
@@ -208,10 +210,64 @@ class RaySandboxPool(SandboxBackend):
             if not self._actors:
                 raise RuntimeError("RaySandboxPool has no sandbox actor left")
             self._pending += 1
-            self._queue.append(call)
-            if len(self._queue) + len(self._retry) >= self.config.batch_size or len(self._queue) == 1:
-                self._cv.notify_all()
+            if req.session is not None:
+                actor = self._session_actor(req.session)
+            else:
+                self._queue.append(call)
+                if len(self._queue) + len(self._retry) >= self.config.batch_size or len(self._queue) == 1:
+                    self._cv.notify_all()
+                return call.future
+        self._send_cell(actor, call)
         return call.future
+
+    # ------------------------------------------------------------------ sessions
+    def _session_actor(self, key: str) -> _Actor:
+        """The actor holding session ``key`` (placed on the healthy one with the fewest sessions). Called
+        with ``_cv`` held."""
+        entry = self._sessions.get(key)
+        if entry is None or not entry[0].healthy and any(a.healthy for a in self._actors):
+            healthy = [a for a in self._actors if a.healthy] or self._actors
+            load = collections.Counter(e[0].index for e in self._sessions.values())
+            actor = min(healthy, key=lambda a: (load[a.index] / a.workers, a.index))
+            entry = self._sessions[key] = [actor, entry[1] if entry else 0]
+        return entry[0]
+
+    def _send_cell(self, actor: _Actor, call: _Call) -> None:
+        """A session's cell goes straight to its actor, alone (cells of a session run one at a time, in the
+        order they are submitted: submit the next after the last one's result). Never retried: a failed
+        actor ends the session (the next cell says RESTARTED)."""
+        key = call.req.session
+
+        def done(f) -> None:
+            try:
+                result = _result(f.result()[0])
+            except Exception as exc:  # noqa: BLE001 - the actor (or its node) failed: the session is gone
+                result = CodeResult.sandbox_error(f"sandbox error: actor {actor.index} failed: {type(exc).__name__}")
+                result = dataclasses.replace(result, session=SessionState.KEPT, session_ended=True)
+                self._ping(actor)
+            with self._cv:
+                entry = self._sessions.get(key)
+                if entry is not None:
+                    if result.session == SessionState.NEW and entry[1]:  # the actor restarted since
+                        result = dataclasses.replace(result, session=SessionState.RESTARTED)
+                    entry[1] += 1
+            self._answer(call, result)
+
+        call.runs += 1
+        try:
+            actor.handle.run_batch.remote([_payload(call.req)]).future().add_done_callback(done)
+        except Exception as exc:  # noqa: BLE001
+            self._answer(call, CodeResult.sandbox_error(f"sandbox error: {type(exc).__name__}: {exc}"))
+
+    def end_session(self, session: str) -> None:
+        """End ``session`` on its actor (``SandboxBackend.end_session``); does not wait."""
+        with self._cv:
+            entry = self._sessions.pop(session, None)
+        if entry is not None:
+            try:
+                entry[0].handle.end_session.remote(session)
+            except Exception:  # noqa: BLE001 - a dead actor took its sessions with it
+                pass
 
     # ------------------------------------------------------------------ batching
     def _take(self, actor: _Actor, n: int) -> list[_Call]:
@@ -332,8 +388,16 @@ class RaySandboxPool(SandboxBackend):
         """Calls, statuses, latency p50/p99 (ms, submit -> result), batching, retries, actors."""
         with self._cv:
             latency = sorted(self._latency)
+            actors = [a for a in self._actors if a.healthy]
+        try:  # interpreters alive on the actors (persistent sessions)
+            live = sum(s.get("live_sessions", 0) for s in ray.get([a.handle.stats.remote() for a in actors],
+                                                                    timeout=30))
+        except Exception:  # noqa: BLE001 - an actor going down meanwhile
+            live = None
+        with self._cv:
             return {
                 "backend": "ray",
+                "live_sessions": live, "session_keys": len(self._sessions),
                 "calls": sum(self._counts.values()), "statuses": dict(self._counts),
                 "latency_p50_ms": percentile_ms(latency, 50), "latency_p99_ms": percentile_ms(latency, 99),
                 "pending": self._pending, "queue_depth": len(self._queue) + len(self._retry),

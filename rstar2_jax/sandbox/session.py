@@ -11,10 +11,10 @@ One cell: the init makes three fresh pipes, passes their ends to the session ove
 (``SCM_RIGHTS``), and writes the request frame (``warm.request_frame``: code, CPU seconds) and the cell's
 stdin to the new stdin pipe. The session puts the pipes on fds 0-2, raises its CPU soft limit to what it
 used so far plus ``cpu_s`` (the hard limit, ``SandboxLimits.session_cpu_s``, bounds the whole session),
-runs the cell (``wrapper.run_cell``), flushes, puts ``/dev/null`` back on fds 0-2 and answers one byte
-(the cell's status). The init reads the output while the cell runs, then kills and reaps every process
-the cell left (anything below the init that is not a session or the idle warm child), so a session is one
-process between its cells. Threads a cell starts keep running in it (their CPU counts against the
+runs the cell (``wrapper.run_cell``), kills and reaps the processes it started, flushes, puts
+``/dev/null`` back on fds 0-2 and answers one byte (the cell's status). The init reads the output while the
+cell runs, then kills and reaps whatever else the cell left (anything below the init that is not a session
+or the idle warm child), so a session is one process between its cells. Threads a cell starts keep running in it (their CPU counts against the
 session's limit).
 
 A cell that breaks a limit ends its session: the wall limit (the init kills it), the CPU limit (the
@@ -289,6 +289,28 @@ def _session_main(ctrl_fd: int, confinement: Confinement, workdir: str, pid_ns: 
         os._exit(status)
 
 
+def _end_children() -> None:
+    """Kill and reap the processes the cell started (the init kills what they left in turn): a session is
+    one process between its cells, with no zombie under it."""
+    kids: list[int] = []
+    try:
+        for tid in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{tid}/children") as f:
+                kids.extend(int(k) for k in f.read().split())
+    except OSError:
+        return
+    for pid in kids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    for pid in kids:
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+
+
 def _serve(ctrl: socket.socket, hard: int) -> None:
     import io
 
@@ -317,6 +339,7 @@ def _serve(ctrl: socket.socket, hard: int) -> None:
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)), encoding="utf-8",
                                      errors="replace")
         status = wrapper.run_cell(code, namespace)
+        _end_children()
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
