@@ -96,3 +96,26 @@ def test_a_full_cluster_makes_callers_wait_then_fail_clearly(ray_local):
         assert pool.run(CodeRequest(code="1 + 1")).stdout == "2\n"  # room again: a waiting submit goes through
     with pytest.raises(RuntimeError, match="closed"):
         pool.submit(CodeRequest(code="1"))
+
+
+def test_sessions_and_replay_on_ray(ray_pool):
+    """A session's cells go to one actor and keep their state; keys never share; end_session ends it."""
+    from rstar2_jax.sandbox import SessionState
+
+    run = lambda code, key: ray_pool.run(CodeRequest(code=code, session=key))  # noqa: E731
+    assert run("x = 40", "ray-a").session == SessionState.NEW
+    assert run("y = 1", "ray-b").session == SessionState.NEW
+    r = run("x + 2, 'y' in dir()", "ray-a")
+    assert (r.stdout, r.session) == ("(42, False)\n", SessionState.KEPT), r
+    assert ray_pool.stats()["live_sessions"] == 2
+    r = run("while True:\n    pass", "ray-b")
+    assert (r.status, r.session_ended) == ("timeout", True), r
+    assert run("'y' in dir()", "ray-b").session == SessionState.RESTARTED
+    for k in ("ray-a", "ray-b"):
+        ray_pool.end_session(k)
+    deadline = time.monotonic() + 30
+    while ray_pool.stats()["live_sessions"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ray_pool.stats()["live_sessions"] == 0 and ray_pool.stats()["session_keys"] == 0
+    r = ray_pool.run(CodeRequest(code="b", history=("a = 5\nprint('hidden')", "b = a + 1")))
+    assert (r.status, r.stdout) == ("ok", "6\n"), r
