@@ -17,6 +17,11 @@ Scheme, two passes, each bounded:
    (+ margin). A case that still does not finish scores 0 with status ``timeout`` (``error`` if
    its process crashed).
 
+``grader="release"`` grades each case by the released recipe's two halves instead (PRIME's
+``math_equal`` on the prediction OR math-verify on ``responses[i]``, the whole response;
+``release_grader.py``), in the same calls with the same walls; ``VerifyResult.votes`` then holds
+each half's vote.
+
 Worst case for a batch: one chunk wall plus one single-case wall per worker round, whatever the
 input. ``VerifyResult.status`` is ``ok`` (the check ran; ``correct`` and ``reason`` are its verdict),
 ``timeout`` or ``error``; only ``ok`` can be correct.
@@ -32,6 +37,7 @@ import threading
 from typing import Literal, Sequence, get_args
 
 from rstar2_jax.rewards import worker
+from rstar2_jax.rewards.release_grader import GRADERS, HALVES, Grader
 from rstar2_jax.sandbox import CodeRequest, CodeResult, SandboxLimits, SandboxPool
 
 VerifyStatus = Literal["ok", "timeout", "error"]
@@ -51,6 +57,7 @@ class VerifyResult:
     status: VerifyStatus
     reason: str
     duration_s: float
+    votes: dict | None = None  # grader "release": each half's vote (None: not run, or the case was killed)
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -78,8 +85,8 @@ def close_default_pool() -> None:
             _DEFAULT_POOL.pop().close(cancel_pending=True)
 
 
-def _request(cases: list[tuple[str, str]], timeout_s: float, wall_s: float) -> CodeRequest:
-    stdin = json.dumps({"cases": cases, "timeout_s": timeout_s})
+def _request(cases: list[tuple], timeout_s: float, wall_s: float, grader: str = "strict") -> CodeRequest:
+    stdin = json.dumps({"cases": cases, "timeout_s": timeout_s, "grader": grader})
     return CodeRequest(code=worker.CODE, stdin=stdin, wrap=False, timeout_s=wall_s)
 
 
@@ -96,23 +103,33 @@ def _rows(result: CodeResult, n: int) -> dict[int, dict]:
     return rows
 
 
-def _from_row(row: dict) -> VerifyResult:
+def _from_row(row: dict, release: bool) -> VerifyResult:
     status = row.get("status") if row.get("status") in STATUSES else "error"
+    votes = row.get("votes") if isinstance(row.get("votes"), dict) else {}
     return VerifyResult(correct=bool(row.get("correct")) and status == "ok", status=status,
-                        reason=str(row.get("reason", "")), duration_s=float(row.get("duration_s", 0.0)))
+                        reason=str(row.get("reason", "")), duration_s=float(row.get("duration_s", 0.0)),
+                        votes={h: votes.get(h) for h in HALVES} if release else None)
 
 
 def verify_batch(predictions: Sequence[str | None], golds: Sequence[str], timeout_s: float = 5.0, *,
                  pool: SandboxPool | None = None, chunk_size: int = 8,
-                 chunk_case_s: float = 0.5) -> list[VerifyResult]:
+                 chunk_case_s: float = 0.5, grader: Grader | str = Grader.STRICT,
+                 responses: Sequence[str] | None = None) -> list[VerifyResult]:
     """Check ``predictions[i]`` against ``golds[i]`` (LaTeX box contents) with a hard per-check timeout.
 
-    A ``None`` prediction (no answer extracted) scores 0 without a call. ``pool``: an existing
-    ``SandboxPool`` whose ``limits.preload`` includes ``rstar2_jax.rewards.worker`` (ValueError
-    otherwise); default: ``default_pool()``. See the module docstring for the scheme and its bounds.
+    A ``None`` prediction (no answer extracted) scores 0 without a call (grader "release": only when
+    its response is empty too). ``pool``: an existing ``SandboxPool`` whose ``limits.preload``
+    includes ``rstar2_jax.rewards.worker`` (ValueError otherwise); default: ``default_pool()``.
+    ``grader="release"`` needs ``responses`` (the whole response texts, for math-verify). See the
+    module docstring for the scheme and its bounds.
     """
     if len(predictions) != len(golds):
         raise ValueError(f"verify_batch got {len(predictions)} predictions but {len(golds)} golds")
+    if grader not in GRADERS:
+        raise ValueError(f"verify_batch.grader must be one of {GRADERS}, got {grader!r}")
+    release = grader == "release"
+    if release and (responses is None or len(responses) != len(golds)):
+        raise ValueError("verify_batch: grader 'release' needs one response per gold")
     if not timeout_s > 0:
         raise ValueError(f"verify_batch.timeout_s must be > 0, got {timeout_s!r}")
     if not isinstance(chunk_size, int) or chunk_size < 1:
@@ -120,8 +137,9 @@ def verify_batch(predictions: Sequence[str | None], golds: Sequence[str], timeou
     results: list[VerifyResult | None] = [None] * len(predictions)
     todo = []
     for i, (pred, gold) in enumerate(zip(predictions, golds)):
-        if pred is None:
-            results[i] = VerifyResult(correct=False, status="ok", reason="empty", duration_s=0.0)
+        if pred is None and not (release and responses[i]):
+            results[i] = VerifyResult(correct=False, status="ok", reason="empty", duration_s=0.0,
+                                      votes={h: False for h in HALVES} if release else None)
         else:
             todo.append(i)
     if not todo:
@@ -131,25 +149,31 @@ def verify_batch(predictions: Sequence[str | None], golds: Sequence[str], timeou
         # Without it every call would import sympy and the parser (seconds) inside its time limit.
         raise ValueError(f"verify_batch needs a pool whose SandboxLimits.preload includes {WORKER_MODULE!r}")
     chunks = [todo[j:j + chunk_size] for j in range(0, len(todo), chunk_size)]
+
+    def case(i: int) -> tuple:
+        return (predictions[i], golds[i], responses[i]) if release else (predictions[i], golds[i])
+
+    grader = Grader(grader).value
     requests = []
     for chunk in chunks:
         wall = min(len(chunk) * timeout_s, timeout_s + len(chunk) * chunk_case_s) + START_MARGIN_S
-        requests.append(_request([(predictions[i], golds[i]) for i in chunk], timeout_s, wall))
+        requests.append(_request([case(i) for i in chunk], timeout_s, wall, grader))
     retry: list[int] = []
     for chunk, result in zip(chunks, pool.run_batch(requests)):
         rows = _rows(result, len(chunk))
         for k, i in enumerate(chunk):
             if k in rows:
-                results[i] = _from_row(rows[k])
+                results[i] = _from_row(rows[k], release)
             else:
                 retry.append(i)
-    singles = [_request([(predictions[i], golds[i])], timeout_s, timeout_s + START_MARGIN_S) for i in retry]
+    singles = [_request([case(i)], timeout_s, timeout_s + START_MARGIN_S, grader) for i in retry]
     for i, result in zip(retry, pool.run_batch(singles)):
         rows = _rows(result, 1)
         if 0 in rows:
-            results[i] = _from_row(rows[0])
+            results[i] = _from_row(rows[0], release)
         else:
             status = "timeout" if result.status == "timeout" else "error"
             detail = f"sandbox {result.status}: {result.stderr.strip()[-160:]}".strip()
-            results[i] = VerifyResult(correct=False, status=status, reason=detail, duration_s=result.duration_s)
+            results[i] = VerifyResult(correct=False, status=status, reason=detail, duration_s=result.duration_s,
+                                      votes={h: None for h in HALVES} if release else None)
     return results  # type: ignore[return-value]

@@ -26,7 +26,6 @@ from rstar2_jax.distributed import global_params
 from rstar2_jax.eval.load_policy import toy_model_config
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
 from rstar2_jax.model.config import MeshConfig, ModelConfig
-from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.run.demo_cli import DemoArgs, parse_args
@@ -125,7 +124,7 @@ def run_demo(args: DemoArgs) -> dict:
     sb = spec.sandbox
 
     with open_pool(sb.backend, workers=sb.workers, limits=sb.limits, ray_address=sb.ray_address) as pool:
-        reward_fn = RewardFn(pool=pool).batch
+        reward_fn = spec.reward_fn(pool).batch
         t = time.perf_counter()
         traces = build_traces(sft_problems, pool=pool, cfg=regime.traces, template_cfg=tpl, seed=spec.seed)
         records = traces + copy_drills(spec.data.copy_drills, seed=spec.seed)

@@ -34,7 +34,6 @@ from rstar2_jax.data.chat import render_records, validate_record
 from rstar2_jax.data.datasets import iter_jsonl, load_dataset, write_jsonl
 from rstar2_jax.model import Qwen3, make_mesh, split_policy
 from rstar2_jax.model.config import ModelConfig
-from rstar2_jax.rewards import RewardFn
 from rstar2_jax.rl.checkpoint import abstract_train_state
 from rstar2_jax.rollout.service import Rollout
 from rstar2_jax.rollout.template import TemplateConfig, render_prompt
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
             from rstar2_jax.model.hf_io import load_hf
             graphdef, params, mcfg = load_hf(spec.model.path, mesh=mesh, dtype=spec.model.dtype)
             tok = HFTokenizer(spec.model.path)
-        reward_fn = RewardFn(pool=pool).batch
+        reward_fn = spec.reward_fn(pool).batch
         # the longest rendered prompt (system prompt and template included; at most the plan's
         # data.max_prompt_tokens, else a config error naming the record) + slack
         limit = spec.data.max_prompt_tokens

@@ -3,7 +3,7 @@
 A run is configured in one place: the component configs the parts read (``ModelSpec``, ``MeshConfig``,
 ``DataSpec``, ``SFTConfig``, ``RLConfig`` with its loss / advantage / RoC / correction / optim,
 ``LearnerSpec``, ``RolloutSpec``, ``EngineSpec``, ``PlacementConfig``, ``SandboxSpec``, ``EvalSpec``,
-``AsyncConfig``, ``ScheduleSpec``). It is read from one JSON or YAML file over a preset
+``AsyncConfig``, ``ScheduleSpec``, ``CheckpointSpec``, ``RewardSpec``). It is read from one JSON or YAML file over a preset
 (``run.presets``: ``tiny``, ``demo``, ``paper_14b``), with dotted overrides applied to the raw values
 before anything is built (``--set rl.loss.kind=gspo``, repeatable):
 
@@ -24,7 +24,7 @@ contradiction where it gives both (the error names both dotted fields and the fi
 The resolved spec is saved whole (``run_spec.json`` in the run directory, :func:`save_spec`), and a
 resume reads that file back (:func:`load_spec` on it: every derived knob is then given, and agrees).
 The parts' configs are built from it by the methods of :class:`RunSpec` (``learner_config``,
-``engine_config``, ``rollout_config``, ``eval_config``, ``placement``, ``template``).
+``engine_config``, ``rollout_config``, ``eval_config``, ``placement``, ``template``, ``reward_fn``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from rstar2_jax.deploy.placement import PlacementConfig
 from rstar2_jax.model.config import MeshConfig
 from rstar2_jax.rl.config import ASYNC_CORRECTION, LOSS_KIND_DEFAULTS, LossKind, RLConfig
 from rstar2_jax.run.spec_parts import (CheckpointSpec, DataSpec, EngineSpec, EvalSpec, LearnerSpec, ModelSpec,
-                                       RolloutSpec, SandboxSpec, ScheduleSpec, is_int)
+                                       RewardSpec, RolloutSpec, SandboxSpec, ScheduleSpec, is_int)
 from rstar2_jax.sampling.engine_config import EngineConfig
 from rstar2_jax.train.async_loop import AsyncConfig
 from rstar2_jax.train.sft import SFTConfig
@@ -67,6 +67,7 @@ class RunSpec:
     async_rl: AsyncConfig = dataclasses.field(default_factory=AsyncConfig)
     schedule: ScheduleSpec = dataclasses.field(default_factory=ScheduleSpec)
     checkpoint: CheckpointSpec = dataclasses.field(default_factory=CheckpointSpec)
+    reward: RewardSpec = dataclasses.field(default_factory=RewardSpec)  # the outcome reward's extraction and grader
     seed: int = 0  # the run's seed (data splits, the policy's init, the sampling keys)
     # the share of each device's memory XLA may allocate (XLA_PYTHON_CLIENT_MEM_FRACTION): the plan fits
     # the run into device memory x memory_fraction (run.plan)
@@ -151,6 +152,14 @@ class RunSpec:
                             attention_impl=e.attention_impl, decode_row_buckets=e.decode_row_buckets,
                             decode_steps=e.decode_steps, kv_dtype=e.kv_dtype, readmit_headroom=e.readmit_headroom,
                             swap_tokens=e.swap_tokens, prefix_cache=e.prefix_cache, **pool)
+
+    def reward_fn(self, pool: Any) -> Any:
+        """``rewards.RewardFn`` over ``pool`` (the verifier's processes): ``reward.grader`` /
+        ``reward.extraction`` / ``reward.timeout_s``."""
+        from rstar2_jax.rewards import RewardFn
+
+        r = self.reward
+        return RewardFn(pool=pool, grader=r.grader, extraction=r.extraction, timeout_s=r.timeout_s)
 
     def template(self) -> Any:
         """``rollout.template.TemplateConfig``: the rStar2 prompt ("full") or the toy one."""

@@ -264,3 +264,21 @@ class CheckpointSpec:
 
     def __post_init__(self) -> None:
         _ints(self, ("every", "every_sft"), minimum=1)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
+class RewardSpec:
+    """The outcome reward (``rewards.RewardFn``; docs/design.md §4): what is graded and by whom.
+    ``extraction``: "strict" (the last box of the final ``<answer>``) or "release" (the released
+    recipe's ``match_answer``); ``grader``: "strict" (``equivalence.check``) or "release" (PRIME's
+    ``math_equal`` OR math-verify on the whole response, §9 row 15). Both "release": the release's reward."""
+
+    grader: Literal["strict", "release"] = "strict"
+    extraction: Literal["strict", "release"] = "strict"
+    timeout_s: float = 5.0  # hard limit per check (killed from outside)
+
+    def __post_init__(self) -> None:
+        for name in ("grader", "extraction"):
+            if getattr(self, name) not in ("strict", "release"):
+                raise ValueError(f"RewardSpec.{name} must be 'strict' or 'release', got {getattr(self, name)!r}")
+        _positive(self, ("timeout_s",))

@@ -193,3 +193,19 @@ def test_coupled_checks():
         presets.demo(["async_rl.inflight=true"])
     with pytest.raises(ValueError, match=r"sft.batch_size \(12\) must be a multiple of data.sft_shards \(5\)"):
         presets.demo(["data.sft_shards=5"])
+
+
+def test_reward_section_builds_the_reward_fn_and_round_trips(tmp_path):
+    assert presets.demo().reward.grader == "strict" and presets.demo().reward.extraction == "strict"  # default
+    fn = presets.demo().reward_fn(pool=None)
+    assert (fn.grader, fn.extraction, fn.timeout_s) == ("strict", "strict", 5.0)  # today's RewardFn(pool=pool)
+    spec = presets.demo(["reward.grader=release", "reward.extraction=release", "reward.timeout_s=3"])
+    fn = spec.reward_fn(pool=None)
+    assert (fn.grader, fn.extraction, fn.timeout_s) == ("release", "release", 3.0)
+    for suffix in (".json", ".yaml"):
+        path = save_spec(spec, tmp_path / f"spec{suffix}")
+        assert load_spec(path) == spec and load_spec(path).reward.grader == "release"
+    with pytest.raises(ValueError, match=r"--set: reward.grader must be one of \['strict', 'release'\]"):
+        presets.demo(["reward.grader=lenient"])
+    with pytest.raises(ValueError, match=r"RewardSpec.timeout_s must be a finite number > 0"):
+        presets.demo(["reward.timeout_s=0"])
