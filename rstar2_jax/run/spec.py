@@ -162,12 +162,17 @@ class RunSpec:
         return RewardFn(pool=pool, grader=r.grader, extraction=r.extraction, timeout_s=r.timeout_s)
 
     def template(self) -> Any:
-        """``rollout.template.TemplateConfig``: the rStar2 prompt ("full") or the toy one."""
+        """``rollout.template.TemplateConfig``: the rStar2 prompt ("full"), the toy one or the release's, with the
+        run's tool and tool-call format."""
         from rstar2_jax.rollout.template import TemplateConfig
 
-        if self.rollout.template == "toy":
-            return TemplateConfig.toy(report_exec_time=self.rollout.report_exec_time)
-        return TemplateConfig()
+        r = self.rollout
+        tools = dict(tool_format=r.tool_format, tool=r.tool)
+        if r.template == "toy":
+            return TemplateConfig.toy(report_exec_time=r.report_exec_time, **tools)
+        if r.template == "release":
+            return TemplateConfig.release(**tools)
+        return TemplateConfig(**tools)
 
     def rollout_config(self, template: Any) -> Any:
         """``rollout.state.RolloutConfig``: 2G samples at ``rollout.budget``, sampled at τ."""
@@ -177,7 +182,8 @@ class RunSpec:
         r = self.rollout
         return RolloutConfig(n_samples=r.n_samples, budget=r.budget, template=template,
                              sampler=Temperature(temperature=r.temperature), admission=r.admission,
-                             max_errored=r.max_errored)
+                             max_errored=r.max_errored, max_parallel_calls=r.max_parallel_calls,
+                             tool_session=r.tool_session or "persistent")
 
     def eval_config(self, template: Any) -> Any:
         """``eval.EvalConfig``: greedy for k = 1, else sampled at ``eval.temperature``."""

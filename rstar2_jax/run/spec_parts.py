@@ -136,10 +136,22 @@ class RolloutSpec:
     n_samples: int | None = None  # 2G sampled per problem; derived: 2 x rl.roc.keep_per_group
     budget: int = 256  # response tokens per trajectory (tools included); staged: stage1_budget
     temperature: float | None = None  # the engines' sampling τ; derived: rl.temperature (must agree)
-    template: Literal["full", "toy"] = "full"  # the rStar2 prompt, or the toy one
+    # the rStar2 prompt ("full", TemplateConfig()), the toy one, or the released recipe's (TemplateConfig.release():
+    # a turn runs on to <|im_end|>, so it may hold several tool calls)
+    template: Literal["full", "toy", "release"] = "full"
     report_exec_time: bool = False  # toy template: tool responses report their execution time
     max_errored: int = 0  # trajectories per batch a failing engine command may error (rollout.state)
     scripted_policy: bool = False  # RL rollouts from testing.scripted over the real engines (tests, goldens)
+    # the tool call syntax (rollout.tool_calls): "hermes" (JSON in <tool_call>) or "qwen3_coder" (Qwen3-Coder's
+    # XML; needs template "release": the others stop a turn at its first </tool_call>)
+    tool_format: Literal["hermes", "qwen3_coder"] = "hermes"
+    # the tool: "python" (python_code_with_standard_io, a fresh process per call) or "jupyter" (jupyter_code,
+    # cells that share state across a trajectory's calls)
+    tool: Literal["python", "jupyter"] = "python"
+    # jupyter only: "persistent" (one interpreter per trajectory; null means this) or "replay" (the release's
+    # SimJupyterTool: every earlier cell re-run in a fresh process before the new one)
+    tool_session: Literal["persistent", "replay"] | None = None
+    max_parallel_calls: int = 4  # a turn's tool calls running at once (1: one after another)
     admission: AdmissionConfig = dataclasses.field(default_factory=AdmissionConfig)
     dynamic_sampling: DynamicSamplingSpec = dataclasses.field(default_factory=DynamicSamplingSpec)
 
@@ -147,7 +159,19 @@ class RolloutSpec:
         _ints(self, ("n_samples",), minimum=1, optional=True)
         _ints(self, ("budget",), minimum=1)
         _ints(self, ("max_errored",), minimum=0)
+        _ints(self, ("max_parallel_calls",), minimum=1)
         _positive(self, ("temperature",), optional=True)
+        for name, allowed in (("template", ("full", "toy", "release")), ("tool_format", ("hermes", "qwen3_coder")),
+                              ("tool", ("python", "jupyter")), ("tool_session", (None, "persistent", "replay"))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"RolloutSpec.{name} must be one of {list(allowed)}, got {getattr(self, name)!r}")
+        if self.tool_format == "qwen3_coder" and self.template != "release":
+            raise ValueError(f"RolloutSpec.tool_format 'qwen3_coder' needs template 'release' (got {self.template!r}); "
+                             "the full and toy templates stop a turn at its first </tool_call>, so a turn holds one "
+                             "call, while Qwen3-Coder writes several in a turn")
+        if self.tool_session is not None and self.tool != "jupyter":
+            raise ValueError(f"RolloutSpec.tool_session ({self.tool_session!r}) is for tool 'jupyter'; the "
+                             f"{self.tool!r} tool runs each call in a fresh process (set tool_session null)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)

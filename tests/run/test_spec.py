@@ -108,7 +108,11 @@ def test_file_over_a_preset(tmp_path):
 @pytest.mark.parametrize("raw, field", [
     ({"rl": {"loss": {"kindd": "gspo"}}}, "rl.loss.kindd: unknown field"),
     ({"engine": {"page_size": "big"}}, "engine.page_size must be an int"),
-    ({"rollout": {"template": "fancy"}}, "rollout.template must be one of ['full', 'toy']"),
+    ({"rollout": {"template": "fancy"}}, "rollout.template must be one of ['full', 'toy', 'release']"),
+    ({"rollout": {"tool_format": "xml"}}, "rollout.tool_format must be one of ['hermes', 'qwen3_coder']"),
+    ({"rollout": {"tool_format": "qwen3_coder"}}, "RolloutSpec.tool_format 'qwen3_coder' needs template 'release'"),
+    ({"rollout": {"tool_session": "replay"}}, "RolloutSpec.tool_session ('replay') is for tool 'jupyter'"),
+    ({"rollout": {"max_parallel_calls": 0}}, "RolloutSpec.max_parallel_calls must be an int >= 1"),
     ({"rl": {"loss": {"kind": "nope"}}}, "rl.loss.kind must be one of"),
     ({"enigne": {}}, "enigne: unknown field"),
     ({"sft": {"batch_size": 0}}, "sft: SFTConfig.batch_size must be >= 1"),
@@ -173,6 +177,25 @@ def test_sets_reach_the_built_objects():
     assert (rc.max_errored, rc.n_samples, rc.budget) == (2, 8, 192)
     ev = spec.eval_config(spec.template())
     assert ev.k == 4 and ev.sampler.temperature == 1.0 and ev.budget == 192
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_tool_knobs_reach_the_template_and_the_rollout_config_and_round_trip(tmp_path, suffix):
+    from rstar2_jax.rollout.template import TemplateConfig
+
+    spec = presets.demo(["rollout.template=release", "rollout.tool_format=qwen3_coder", "rollout.tool=jupyter",
+                         "rollout.tool_session=replay", "rollout.max_parallel_calls=2"])
+    tpl = spec.template()
+    assert tpl == TemplateConfig.release(tool_format="qwen3_coder", tool="jupyter") and tpl.several_calls
+    rc = spec.rollout_config(tpl)
+    assert (rc.max_parallel_calls, rc.tool_session, rc.template.tool) == (2, "replay", "jupyter")
+    assert load_spec(save_spec(spec, tmp_path / f"spec{suffix}")) == spec
+    default = presets.paper_14b()  # the defaults: hermes, the python tool, 4 calls at once
+    assert default.template() == TemplateConfig() and not default.template().several_calls
+    rc = default.rollout_config(default.template())
+    assert (rc.max_parallel_calls, rc.tool_session, default.rollout.tool_session) == (4, "persistent", None)
+    jup = presets.demo(["rollout.tool=jupyter"])  # tool_session null: persistent
+    assert jup.rollout_config(jup.template()).tool_session == "persistent" and jup.template().tool == "jupyter"
 
 
 def test_bad_sets():
