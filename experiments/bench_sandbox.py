@@ -11,7 +11,7 @@ Same concurrency everywhere: one call in flight per core. Configurations, for (a
 Pool and floor run interleaved for several rounds (the machine may be shared); the median round counts.
 Ends with exactly one line::
 
-    bench_sandbox: speedup_trivial = <x> (target >= 3), floor_ratio = <f> (target <= 1.5), speedup_sympy = <y> (target >= 50)
+    bench_sandbox: speedup_trivial = <x> (target >= 3), floor_ratio = <f> (target <= 1.5), speedup_sympy = <y> (target >= 50), session_speedup_8 = <s> (target >= 3), cell_over_call = <r> (target <= 1.0)
 
 speedup = pool calls/s / naive calls/s; floor_ratio = floor calls/s / pool calls/s (trivial code).
 Also reported: CPU time per call of every process involved (pool: this process, the workers and their
@@ -20,6 +20,12 @@ The pool's workers warm sympy once (``SandboxLimits.warmup``) and put their prel
 huge pages (cheaper fork and exit); the floor, by definition, does neither. Each pool call runs in a child
 forked before its request arrived (``rstar2_jax.sandbox.warm``), so the fork is off its latency but not off
 its CPU time. ``--quick`` for a short smoke run.
+
+Session clause (issue 44): trajectories of 8 numpy/sympy cells (``CELLS``), each using earlier cells'
+variables, on the same pool as persistent sessions (``CodeRequest.session``) and as the release's replay
+(``CodeRequest.history``: cell k re-runs cells 1..k-1 in a fresh process first); both must give the same
+final answer. ``session_speedup_8`` = replay wall time / persistent wall time; ``cell_over_call`` = p50
+latency of a trivial cell in a live session / p50 of the same code as a fresh call, interleaved.
 """
 
 from __future__ import annotations
@@ -79,6 +85,7 @@ class Run:
 
     def __init__(self, calls: int, elapsed: float, latencies: list[float], cpu_s: float) -> None:
         self.cps, self.latencies, self.cpu_per_call = calls / elapsed, latencies, cpu_s / max(1, calls)
+        self.calls, self.elapsed = calls, elapsed
 
 
 _TICK = os.sysconf("SC_CLK_TCK")
@@ -164,6 +171,60 @@ def pool_run(pool, code: str, concurrency: int, per_client: int) -> Run:
     return _threads(concurrency, per_client, one, f"pool {'sympy' if 'sympy' in code else 'trivial'}", cpu)
 
 
+# The session clause: one trajectory = these 8 cells (each ~2-25 ms of numpy/sympy on this machine, each using
+# earlier cells' variables), run as a persistent session, or as the release's replay (cell k re-runs 1..k-1).
+CELLS = (
+    "import numpy as np, sympy as sp\nx, k = sp.symbols('x k')\nA = np.random.default_rng(0).standard_normal((160, 160))",
+    "B = A @ A.T + 160 * np.eye(160)\nL = np.linalg.cholesky(B)\nround(float(L[0, 0]), 6)",
+    "p = sp.expand((x + 3) ** 16)\nlen(p.args)",
+    "r = sp.Poly(p, x).all_coeffs()[:3]\nr",
+    "ev = np.linalg.eigvalsh(B)\nfloat(ev[0]) > 0",
+    "s = sp.summation(1 / (k ** 2 + k), (k, 1, 30))\ns",
+    "d = sp.Poly(p, x).eval(1)\nint(d) % 1000",
+    "(r, int(d) % 997, s, round(float(ev.sum()), 3))",
+)
+
+
+def session_clause(pool, concurrency: int, trajectories: int) -> tuple[Run, Run, list[float], list[float]]:
+    """Persistent vs replay on the same pool (``trajectories`` of 8 cells, ``concurrency`` at a time), then
+    the latency of a trivial cell in a live session vs the same code as a fresh call (interleaved)."""
+    from rstar2_jax.sandbox import CodeRequest, SessionState
+
+    final: dict[str, set] = {"persistent": set(), "replay": set()}
+    counter = iter(range(1 << 30))
+
+    def trajectory(mode: str) -> None:
+        key = f"bench-{mode}-{next(counter)}"
+        for i, code in enumerate(CELLS):
+            req = CodeRequest(code=code, session=key) if mode == "persistent" else \
+                CodeRequest(code=code, history=CELLS[:i])
+            r = pool.run(req)
+            assert r.status == "ok", r
+        final[mode].add(r.stdout)
+        if mode == "persistent":
+            pool.end_session(key)
+
+    runs = {m: _threads(concurrency, max(1, trajectories // concurrency), lambda m=m: trajectory(m), f"{m} x8")
+            for m in ("replay", "persistent")}
+    assert final["persistent"] == final["replay"] and len(final["replay"]) == 1, final  # the same answers
+    cell_lat, call_lat = [], []
+    keys = [f"bench-lat-{i}" for i in range(concurrency)]
+    for key in keys:
+        pool.run(CodeRequest(code="0", session=key))
+    for _ in tqdm(range(200), desc="cell vs call", leave=False):
+        for key in keys:
+            t = time.perf_counter()
+            r = pool.run(CodeRequest(code=TRIVIAL, session=key))
+            cell_lat.append(time.perf_counter() - t)
+            assert r.session == SessionState.KEPT and r.stdout == "2\n", r
+            t = time.perf_counter()
+            r = pool.run(CodeRequest(code=TRIVIAL))
+            call_lat.append(time.perf_counter() - t)
+    for key in keys:
+        pool.end_session(key)
+    return runs["persistent"], runs["replay"], cell_lat, call_lat
+
+
 def summary(runs: list[Run]) -> tuple[float, float, float, float]:
     """(median calls/s over rounds, p50 ms, p99 ms over all calls, median CPU ms per call)."""
     lat = sorted(x for r in runs for x in r.latencies)
@@ -184,10 +245,12 @@ def main() -> int:
     ap.add_argument("--naive-calls", type=int, default=60, help="trivial naive calls per client")
     ap.add_argument("--naive-sympy-calls", type=int, default=6, help="sympy naive calls per client")
     ap.add_argument("--concurrency", type=int, default=os.cpu_count() or 1, help="calls in flight (cores)")
+    ap.add_argument("--session-trajectories", type=int, default=48, help="trajectories of 8 cells per mode")
     ap.add_argument("--quick", action="store_true", help="a short run (2 rounds, fewer calls): a smoke test")
     args = ap.parse_args()
     if args.quick:
         args.rounds, args.calls, args.sympy_calls, args.naive_calls, args.naive_sympy_calls = 2, 200, 60, 20, 3
+        args.session_trajectories = 8
     from rstar2_jax.sandbox import CodeRequest, SandboxPool
 
     c = args.concurrency
@@ -206,8 +269,10 @@ def main() -> int:
                 for label, code, n in (("trivial", TRIVIAL, args.calls), ("sympy", SYMPY, args.sympy_calls)):
                     run = fn(code, c, n) if fn else pool_run(pool, code, c, n)
                     results[f"{name} {label}"].append(run)
+        persistent, replay, cell_lat, call_lat = session_clause(pool, c, args.session_trajectories)
         stats = pool.stats()
-    print(f"isolation: {stats['isolation']}; pool statuses: {stats['statuses']}")
+    print(f"isolation: {stats['isolation']}; pool statuses: {stats['statuses']}; sessions: {stats['sessions']}, "
+          f"live at the end: {stats['live_sessions']}")
     print(f"{'configuration':<16}{'calls/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'CPU ms/call':>13}")
     table = {}
     for name, runs in results.items():
@@ -224,9 +289,16 @@ def main() -> int:
               f"p99 {floor_t[2]:.2f} ms; CPU per call pool/floor {pool_t[3] / floor_t[3]:.2f}")
     print(f"load average (1, 5, 15 min) at start {load0}, at end {_load()} on {os.cpu_count()} cores (CPU per call "
           f"is the least load-dependent figure; calls/s and latency on a busy machine also depend on the scheduler)")
+    session_speedup = replay.elapsed / persistent.elapsed
+    cell_over_call = statistics.median(cell_lat) / statistics.median(call_lat)
+    print(f"sessions: {persistent.calls} trajectories of {len(CELLS)} cells per mode, {c} in flight: persistent "
+          f"{persistent.elapsed:.2f} s, replay {replay.elapsed:.2f} s; trivial cell in a live session p50 "
+          f"{1000 * statistics.median(cell_lat):.2f} ms vs a fresh call p50 {1000 * statistics.median(call_lat):.2f} ms")
     return report("sandbox", [Metric("speedup_trivial", speedup_trivial, ">= 3", fmt=".1f"),
                               Metric("floor_ratio", floor_ratio, "<= 1.5"),
-                              Metric("speedup_sympy", speedup_sympy, ">= 50", fmt=".1f")])
+                              Metric("speedup_sympy", speedup_sympy, ">= 50", fmt=".1f"),
+                              Metric("session_speedup_8", session_speedup, ">= 3"),
+                              Metric("cell_over_call", cell_over_call, "<= 1.0")])
 
 
 if __name__ == "__main__":
