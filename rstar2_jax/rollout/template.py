@@ -9,8 +9,12 @@ Two templates, both plain data on :class:`TemplateConfig` (the rollout reads the
 mode switch): the default (``TemplateConfig()``; ``toy()`` shortens it) stops a turn at
 ``</tool_call>`` and closes the turn with an untrained ``<|im_end|>\\n``; ``TemplateConfig.release()``
 is the released recipe token for token (its prompts, tool schema, tool texts and truncation; a turn
-ends only at ``<|im_end|>``/EOS, so the model's own ``<|im_end|>`` after a call is trained). The
-differences are listed in docs/design.md §9.
+ends only at ``<|im_end|>``/EOS, so the model's own ``<|im_end|>`` after a call is trained, and a turn
+may hold several calls). The differences are listed in docs/design.md §9.
+
+The call syntax is ``tool_calls``' (``TemplateConfig.tool_format``: hermes JSON or Qwen3-Coder XML, the
+tools block and the joined responses with it); the tool and its schema are ``tool_schemas``'
+(``TemplateConfig.tool``: python or jupyter).
 """
 
 from __future__ import annotations
