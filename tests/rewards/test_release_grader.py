@@ -9,6 +9,7 @@ count the outcomes of adversarial inputs (never timings).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import time
 
 import pytest
@@ -159,10 +160,21 @@ def test_release_grader_through_reward_fn(reward_pool):
     assert both[0] == 1.0 and both[1]["release_votes"]["math_equal"] is True
 
 
+def _graded(fn: RewardFn, responses: list[str], golds: list[str]) -> list[tuple[float, dict]]:
+    """``fn.batch``, with the cases a busy (shared) CPU made run out of time graded once more, alone and
+    with a long time-out: the pinned verdicts are the checks' own, not the machine's load."""
+    out = fn.batch(responses, golds)
+    again = [i for i, (_, info) in enumerate(out) if info["status"] != "ok" or "timeout" in info["reason"]]
+    slow = dataclasses.replace(fn, timeout_s=20.0, chunk_size=1)
+    for i, result in zip(again, slow.batch([responses[i] for i in again], [golds[i] for i in again])):
+        out[i] = result
+    return out
+
+
 def test_disagreements_with_the_strict_grader_on_the_mv_style_table(reward_pool):
     responses, golds = [_response(c.pred) for c in MV_STYLE], [c.gold for c in MV_STYLE]
-    strict = RewardFn(timeout_s=6.0, pool=reward_pool).batch(responses, golds)  # generous: a shared CPU
-    release = RewardFn(timeout_s=6.0, pool=reward_pool, grader="release").batch(responses, golds)
+    strict = _graded(RewardFn(timeout_s=6.0, pool=reward_pool), responses, golds)
+    release = _graded(RewardFn(timeout_s=6.0, pool=reward_pool, grader="release"), responses, golds)
     assert [(c.gold, c.pred, info["reason"]) for c, (_, info) in zip(MV_STYLE + MV_STYLE, strict + release)
             if info["status"] != "ok"] == []
     release_only = [(c.gold, c.pred) for c, (s, _), (r, _) in zip(MV_STYLE, strict, release) if r > s]
