@@ -30,6 +30,9 @@ class EvalConfig:
     sampler: Sampler = Greedy()
     budget: int = 256  # response tokens per trajectory
     template: TemplateConfig = TemplateConfig()
+    # the tool environment, as the run's rollouts have it (``rollout.state.RolloutConfig``)
+    max_parallel_calls: int = 4
+    tool_session: str = "persistent"
 
     def __post_init__(self) -> None:
         if self.k < 1:
@@ -80,7 +83,8 @@ def evaluate(problems: Sequence[Problem], engines: Sequence[Engine], pool: Sandb
         if out_jsonl is not None and is_main_process():
             _write_rows(out_jsonl, rows)
         return rows, summary
-    rcfg = RolloutConfig(n_samples=cfg.k, budget=cfg.budget, sampler=cfg.sampler, template=cfg.template)
+    rcfg = RolloutConfig(n_samples=cfg.k, budget=cfg.budget, sampler=cfg.sampler, template=cfg.template,
+                         max_parallel_calls=cfg.max_parallel_calls, tool_session=cfg.tool_session)
     result = Dispatcher(engines, pool, tokenizer, rcfg).run(problems, seed=seed, show_progress=show_progress,
                                                             first_group=first_group)
     score(result.trajectories, reward_fn)

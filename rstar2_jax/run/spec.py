@@ -192,7 +192,9 @@ class RunSpec:
 
         v = self.eval
         sampler = Greedy() if v.k == 1 else Temperature(temperature=v.temperature)
-        return EvalConfig(k=v.k, sampler=sampler, budget=v.budget, template=template)
+        r = self.rollout
+        return EvalConfig(k=v.k, sampler=sampler, budget=v.budget, template=template,
+                          max_parallel_calls=r.max_parallel_calls, tool_session=r.tool_session or "persistent")
 
 
 def _check_coupled(s: RunSpec) -> None:
