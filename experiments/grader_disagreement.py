@@ -82,13 +82,25 @@ def data_rows(path: Path, limit: int | None) -> list[dict]:
     return rows
 
 
+def _graded(fn, responses: list[str], golds: list[str]) -> list[tuple[float, dict]]:
+    """``fn.batch``; cases that ran out of time (a busy machine) are graded again, alone, with 4x the time."""
+    import dataclasses
+
+    out = fn.batch(responses, golds)
+    again = [i for i, (_, info) in enumerate(out) if info["status"] != "ok" or "timeout" in info["reason"]]
+    slow = dataclasses.replace(fn, timeout_s=4 * fn.timeout_s, chunk_size=1)
+    for i, result in zip(again, slow.batch([responses[i] for i in again], [golds[i] for i in again])):
+        out[i] = result
+    return out
+
+
 def compare(pool, rows: list[dict], timeout_s: float) -> list[dict]:
     """Both graders on every row; each row gains ``strict``, ``release``, ``votes``, statuses."""
     from rstar2_jax.rewards import RewardFn
 
     responses, golds = [r["response"] for r in rows], [r["gold"] for r in rows]
-    strict = RewardFn(pool=pool, timeout_s=timeout_s).batch(responses, golds)
-    release = RewardFn(pool=pool, timeout_s=timeout_s, grader="release").batch(responses, golds)
+    strict = _graded(RewardFn(pool=pool, timeout_s=timeout_s), responses, golds)
+    release = _graded(RewardFn(pool=pool, timeout_s=timeout_s, grader="release"), responses, golds)
     for row, (s, s_info), (r, r_info) in zip(rows, strict, release):
         row.update(strict=s == 1.0, release=r == 1.0, strict_reason=s_info["reason"],
                    strict_status=s_info["status"], release_status=r_info["status"], votes=r_info["release_votes"])
@@ -102,6 +114,11 @@ def summarize(name: str, rows: list[dict], show: int) -> tuple[int, int, int]:
     timeouts = sum(r["release_status"] != "ok" for r in rows), sum(r["strict_status"] != "ok" for r in rows)
     print(f"[{name}] {len(rows)} cases: release_only = {len(release_only)}, strict_only = {len(strict_only)}, "
           f"agree = {agree} (not ok: release {timeouts[0]}, strict {timeouts[1]})")
+    variants = sorted({r["variant"] for r in rows if "variant" in r})
+    for v in variants:
+        of = [r for r in rows if r.get("variant") == v]
+        print(f"  {v}: {len(of)} cases, release_only = {sum(r['release'] and not r['strict'] for r in of)}, "
+              f"strict_only = {sum(r['strict'] and not r['release'] for r in of)}")
     for label, group in (("release only", release_only), ("strict only", strict_only)):
         for r in group[:show]:
             yes = [k for k, v in (r["votes"] or {}).items() if v]
