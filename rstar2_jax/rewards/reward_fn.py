@@ -63,6 +63,12 @@ class RewardFn:
     def __call__(self, trajectory: Trajectory, gold: str) -> tuple[float, dict]:
         return self.batch([trajectory], [gold])[0]
 
+    @property
+    def whole_response(self) -> bool:
+        """Whether the release's rules need the whole response text (tool output included), as the release
+        grades it: ``rollout.score`` passes ``Trajectory.response_text`` then (per-turn texts otherwise)."""
+        return self.grader == "release" or self.extraction == "release"
+
     def batch(self, trajectories: Sequence[Trajectory], golds: Sequence[str]) -> list[tuple[float, dict]]:
         """Rewards of many trajectories, verified together (one ``verify_batch``)."""
         if len(trajectories) != len(golds):

@@ -7,8 +7,9 @@ its turns and appended tool texts: computed here once, the single source of RoC'
 (errored trajectories keep reward 0 and are not verified). ``reward_fn`` is batched,
 ``reward_fn(turns_per_traj, golds) -> [(reward, info)]`` (``rewards.RewardFn.batch``: verification
 with hard timeouts in the sandbox pool's processes); ``whole_response=True`` passes each
-trajectory's whole response text instead (tool output included: the release's grading, with
-``RewardFn(extraction="release")``).
+trajectory's whole response text instead (tool output included: the release's grading). By default
+(None) the reward function says: ``RewardFn.whole_response`` (true with ``grader="release"`` or
+``extraction="release"``), read from the bound ``RewardFn.batch`` that the loops pass.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ class ScoreStats:
 
 
 def score(trajectories: Sequence[Trajectory], reward_fn: RewardBatchFn, *, tags: Tags = DEFAULT_TAGS,
-          whole_response: bool = False) -> ScoreStats:
+          whole_response: bool | None = None) -> ScoreStats:
     """Format statistics and the reward of every trajectory that did not error (module docstring)."""
+    if whole_response is None:
+        owner = getattr(reward_fn, "__self__", reward_fn)
+        whole_response = bool(getattr(owner, "whole_response", False))
     todo = [t for t in trajectories if t.done_reason != "error"]
     t0 = time.perf_counter()
     for t in todo:
