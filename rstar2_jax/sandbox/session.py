@@ -44,7 +44,7 @@ import time
 
 from .isolation import Confinement
 from .limits import SessionState
-from .warm import SETUP_FAILED, SETUP_MARK, read_exact, request_frame
+from .warm import SETUP_FAILED, SETUP_MARK, exited, pidfd_of, read_exact, request_frame
 
 _MAX_FD = 1 << 20
 _CTRL_FD = 3  # the session's end of its control socket
@@ -57,16 +57,10 @@ class Session:
 
     def __init__(self, key: str, pid: int, ctrl: socket.socket, workdir: str) -> None:
         self.key, self.pid, self.ctrl, self.workdir = key, pid, ctrl, workdir
-        try:
-            self.pidfd: int | None = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self.pidfd = None
+        self.pidfd = pidfd_of(pid)
 
     def dead(self) -> bool:
-        try:
-            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:
-            return True
+        return exited(self.pid)
 
 
 class Sessions:

@@ -35,6 +35,22 @@ def request_frame(code: str, wrap: bool, cpu_s: float, stdin: bytes, history: tu
     return memoryview(b"".join((struct.pack("!I", len(data)), data, stdin)))
 
 
+def pidfd_of(pid: int) -> int | None:
+    """A pidfd of our child ``pid`` (None where the kernel has none)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+
+
+def exited(pid: int) -> bool:
+    """Whether our child ``pid`` has ended (or is gone); one syscall, reaps nothing."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
+
+
 class WarmChild:
     """The init's handle of one warm child: its pid (and pidfd) and its ends of the three pipes."""
 
@@ -58,17 +74,11 @@ class WarmChild:
         for fd in (in_w, out_r, err_r):
             os.set_blocking(fd, False)
         self.pid, self.in_w, self.out_r, self.err_r = pid, in_w, out_r, err_r
-        try:
-            self.pidfd: int | None = os.pidfd_open(pid)
-        except (AttributeError, OSError):
-            self.pidfd = None
+        self.pidfd = pidfd_of(pid)
 
     def dead(self) -> bool:
         """Whether the child ended while waiting (killed, or its setup failed); one syscall, reaps nothing."""
-        try:
-            return os.waitid(os.P_PID, self.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-        except ChildProcessError:
-            return True
+        return exited(self.pid)
 
     def discard(self, pid_ns: bool) -> None:
         """Kill an unused child (its process group too, without a pid namespace), reap it, close the fds."""
