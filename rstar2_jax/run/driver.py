@@ -21,7 +21,8 @@ problems, a ``Schedule``) and call :func:`run`.
   Batches are requested only up to the next drain point (a checkpoint step, an evaluation step, the
   stage's last step); a stage change no one could foresee discards what is in flight. At a drain point
   the engines get the learner's weights, so a checkpoint never has a batch in flight and a resumed
-  run continues on the schedule of an uninterrupted one.
+  run continues on the schedule of an uninterrupted one. Problems go to batches and refill rounds
+  (dynamic sampling) in request order, from the cursor at the last drain point.
 * **Several processes**: every process runs this same code; rows are global metrics, written by
   process 0 only (``utils.metrics.Loggers``), as are the evaluation files.
 """
@@ -139,13 +140,12 @@ class Parts:
     eval_problems: Sequence[Any] | None = None
     eval_cfg: EvalConfig | None = None
     async_rl: AsyncConfig = AsyncConfig()  # max_staleness 0: the synchronous loop (train.step.rl_step)
-    dynamic_sampling: DynamicSamplingSpec = DynamicSamplingSpec()  # refill rounds (synchronous loop only)
+    dynamic_sampling: DynamicSamplingSpec = DynamicSamplingSpec()  # refill rounds (both loops)
     curriculum: CurriculumSpec = CurriculumSpec()  # draw problems by difficulty (synchronous loop only)
 
     def __post_init__(self) -> None:
-        if (self.dynamic_sampling.enabled or self.curriculum.enabled) and self.async_rl.enabled:
-            raise ValueError("Parts: dynamic sampling and the curriculum run in the synchronous loop only "
-                             "(async_rl is on)")
+        if self.curriculum.enabled and self.async_rl.enabled:
+            raise ValueError("Parts: the curriculum runs in the synchronous loop only (async_rl is on)")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -193,6 +193,9 @@ class _Run:
                            write=is_main_process(), config=dict(rc.run_config))
         self.rollout = self.learner = self.eval_engines = None
         self.async_: AsyncRL | None = None
+        # async RL: the stage-list position of the next problem no batch or refill round has taken yet,
+        # and the next batch not yet requested (both reset to the cursor at every drain point)
+        self.assigned = self.requested = 0
         self.curriculum = Curriculum(parts.curriculum) if parts.curriculum.enabled else None
         if self.curriculum is not None:
             self.curriculum.load_state(self.cursor.curriculum)
@@ -248,8 +251,10 @@ class _Run:
         if states is not None and len(states) == jax.process_count():
             self.rollout.load_state(states[jax.process_index()])  # the dispatcher's history, as it was
         if self.p.async_rl.enabled:
-            self.async_ = AsyncRL(self.rollout, self.learner, self.p.reward_fn, self.p.async_rl)
+            self.async_ = AsyncRL(self.rollout, self.learner, self.p.reward_fn, self.p.async_rl,
+                                  refill=self.p.dynamic_sampling.enabled)
             self.async_.start(self.cursor.global_step)  # a drain point: nothing in flight
+            self.assigned, self.requested = self.cursor.problem_cursor, self.cursor.global_step
 
     def reference_policy(self):
         """π_ref of the KL term (``rl.loss.kl_coef`` > 0; else None): the policy RL starts from (after SFT),
@@ -318,14 +323,19 @@ class _Run:
 
     def _refill(self, stage: str, consumed: list[int]) -> Refill | None:
         """Dynamic sampling's source of more problems (``rollout.dynamic_sampling``; None when off): the
-        next ones of the stage's list; ``consumed[0]`` counts every problem the step took."""
+        next ones of the stage's list (async RL: after those of the batches already requested);
+        ``consumed[0]`` counts every problem the step took."""
         ds = self.p.dynamic_sampling
         if not ds.enabled:
             return None
 
         def more() -> list[Any]:
-            out = self._batch(stage, first=self.cursor.problem_cursor + consumed[0],
-                              draw=consumed[0] // self.p.schedule.problems_per_step)
+            if self.async_ is not None:
+                out = self._batch(stage, first=self.assigned)
+                self.assigned += len(out)
+            else:
+                out = self._batch(stage, first=self.cursor.problem_cursor + consumed[0],
+                                  draw=consumed[0] // self.p.schedule.problems_per_step)
             consumed[0] += len(out)
             return out
         return Refill(more=more, target=self.p.schedule.problems_per_step, max_rounds=ds.max_rounds)
@@ -358,10 +368,14 @@ class _Run:
             if self.curriculum is not None:
                 m.update(self._learn_difficulty(stage, res))
         else:
-            for j in range(self._horizon(stage)):
-                self.async_.request(c.global_step + j, self._batch(stage, j),
-                                    seed=step_seed(self.rc.seed, c.global_step + 1 + j), budget=sch.budget(stage))
-            m = self.async_.step(c.global_step, seed=step_seed(self.rc.seed, c.global_step + 1), compiles=compiles)
+            # problems in request order (``assigned``): without refills batch b + j gets the cursor's + j * step's
+            for b in range(max(self.requested, c.global_step), c.global_step + self._horizon(stage)):
+                self.async_.request(b, self._batch(stage, first=self.assigned), seed=step_seed(self.rc.seed, b + 1),
+                                    budget=sch.budget(stage))
+                self.assigned += sch.problems_per_step
+                self.requested = b + 1
+            m = self.async_.step(c.global_step, seed=step_seed(self.rc.seed, c.global_step + 1), compiles=compiles,
+                                 refill=self._refill(stage, consumed))
         c.problem_cursor += consumed[0]
         c.stage_step += 1
         c.global_step += 1
@@ -375,6 +389,7 @@ class _Run:
             if new != stage:  # batches of this stage requested past its end: thrown away
                 row["async/discarded_batches"] = self.async_.discard()
             self.async_.drain()  # the engines get the learner's weights (evaluation, checkpoint)
+            self.requested = c.global_step
         if (self.rc.eval_every and c.global_step % self.rc.eval_every == 0) or new == "done":
             row.update(self.evaluate(f"step{c.global_step}"))
         self.log.log(row)
@@ -384,6 +399,8 @@ class _Run:
                 c.problem_cursor = 0
         if new != stage or c.global_step % self.rc.ckpt_every == 0:
             self.save(self.learner.state)
+        if self.requested <= c.global_step:  # nothing in flight (a drain point): every problem assigned was taken
+            self.assigned = c.problem_cursor
         return m
 
     def run(self) -> RunResult:

@@ -217,9 +217,6 @@ def _check_coupled(s: RunSpec) -> None:
     if s.rollout.scripted_policy and s.rl.old_logp_source == "sampler":
         raise ValueError("RunSpec: rollout.scripted_policy needs rl.old_logp_source 'recompute' (the sampler's "
                          "log-probs are not the script's)")
-    if s.rollout.dynamic_sampling.enabled and s.async_rl.enabled:
-        raise ValueError("RunSpec: rollout.dynamic_sampling runs in the synchronous loop only (so far): set "
-                         "async_rl.max_staleness and async_rl.lookahead to 0, or turn dynamic sampling off")
     if s.schedule.sampled_token_budget is not None and s.schedule.stages is not None:
         raise ValueError("RunSpec: schedule.sampled_token_budget ends the one RL stage of schedule.rl_steps; the "
                          "recipe's schedule.stages have their own ends")

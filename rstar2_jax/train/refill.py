@@ -16,6 +16,9 @@ Several processes: each rolls out its shard of every round (whole groups, global
 round r's groups are numbered from ``r * problems_per_step``), the per-group signal flags are gathered
 so every process takes the same decisions. Deterministic: round r > 0 samples with a seed derived
 from the step's seed and r, so a resumed run replays a refilled step exactly.
+
+The asynchronous loop (``train.async_loop.AsyncRL.step(b, refill=...)``) takes the same decision
+(``enough_signal``, ``refill_decision``) over rounds its rollout thread generates with batch b's weights.
 """
 
 from __future__ import annotations
@@ -44,18 +47,40 @@ def round_seed(step_seed: int, r: int) -> int:
     return int(np.random.SeedSequence([int(step_seed), int(r)]).generate_state(1)[0] & 0x7FFFFFFF)
 
 
-def group_signal(trajs: Sequence[Trajectory], learner: Learner) -> np.ndarray:
-    """i64[G, 2]: (group id, has signal) of each group among ``trajs`` (scored), in group-id order."""
+def group_signal(trajs: Sequence[Trajectory], learner: Learner, keep: Sequence[bool] | None = None) -> np.ndarray:
+    """i64[G, 2]: (group id, has signal) of each group among ``trajs`` (scored), in group-id order.
+    ``keep``: which trajectories may reach the learner (the async loop's stale filter); a group with one
+    that may not has no signal (it never trains)."""
     if not trajs:
         return np.zeros((0, 2), np.int64)
     rec = select_records(trajs, learner.cfg.rl.roc)
     rewards, ok = learner.train_rewards(rec), rec[:, F["ok"]] > 0
     groups = rec[:, F["group"]].astype(np.int64)
+    barred = set() if keep is None else {t.group_id for t, k in zip(trajs, keep) if not k}
     out = []
     for g in np.unique(groups):
         r = rewards[(groups == g) & ok]
-        out.append((g, int(r.size >= 2 and not np.all(r == r[0]))))
+        out.append((g, int(r.size >= 2 and not np.all(r == r[0]) and int(g) not in barred)))
     return np.asarray(out, np.int64)
+
+
+def enough_signal(flags: Sequence[np.ndarray], target: int) -> bool:
+    """Whether the rounds so far (``flags``: ``group_signal`` rows of every round and process) hold
+    ``target`` groups with signal: no further round."""
+    return int(sum(f[:, 1].sum() for f in flags)) >= target
+
+
+def refill_decision(flags: Sequence[np.ndarray], target: int, rounds: int) -> tuple[set[int], dict[str, int]]:
+    """The groups that train (the first ``target`` with signal, in group-id order: round 0 first) and the
+    ``dyn/*`` metrics, after ``rounds`` extra rounds; shared by the synchronous and the asynchronous loop."""
+    every = np.concatenate(flags) if flags else np.zeros((0, 2), np.int64)
+    every = every[np.argsort(every[:, 0], kind="stable")]
+    with_signal = every[every[:, 1] > 0, 0]
+    kept_groups = set(int(g) for g in with_signal[:target])
+    m = {"dyn/rounds": rounds, "dyn/groups_sampled": int(len(every)),
+         "dyn/groups_with_signal": int(len(with_signal)), "dyn/groups_kept": len(kept_groups),
+         "dyn/short": int(len(with_signal) < target)}
+    return kept_groups, m
 
 
 def merge_results(parts: Sequence[RolloutResult]) -> RolloutResult:
@@ -101,15 +126,9 @@ def generate_with_refill(rollout: Rollout, learner: Learner, reward_fn: RewardBa
         reward_s += time.perf_counter() - t0
         parts.append(res)
         flags.extend(allgather_rows(group_signal(res.trajectories, learner)))
-        if int(sum(f[:, 1].sum() for f in flags)) >= target:
+        if enough_signal(flags, target):
             break
-    every = np.concatenate(flags) if flags else np.zeros((0, 2), np.int64)
-    every = every[np.argsort(every[:, 0], kind="stable")]
-    with_signal = every[every[:, 1] > 0, 0]
-    kept_groups = set(int(g) for g in with_signal[:target])
+    kept_groups, m = refill_decision(flags, target, len(parts) - 1)
     merged = merge_results(parts)
     keep = [t.group_id in kept_groups for t in merged.trajectories]
-    m = {"dyn/rounds": len(parts) - 1, "dyn/groups_sampled": int(len(every)),
-         "dyn/groups_with_signal": int(len(with_signal)), "dyn/groups_kept": len(kept_groups),
-         "dyn/short": int(len(with_signal) < target)}
     return merged, keep, m, reward_s

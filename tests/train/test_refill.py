@@ -141,7 +141,7 @@ def test_merge_of_one_round_is_the_round():
     assert np.all(np.diff([round_seed(3, r) for r in range(5)]) != 0)
 
 
-def test_run_spec_fields_and_the_async_refusal():
+def test_run_spec_fields_and_the_async_loop():
     from rstar2_jax.run.spec import load_spec
     from rstar2_jax.run.spec_parts import DynamicSamplingSpec
 
@@ -149,7 +149,7 @@ def test_run_spec_fields_and_the_async_refusal():
                                           "rollout.dynamic_sampling.max_rounds": 2})
     assert spec.rollout.dynamic_sampling == DynamicSamplingSpec(enabled=True, max_rounds=2)
     assert load_spec(preset="demo").rollout.dynamic_sampling.enabled is False  # off by default (the release's)
-    with pytest.raises(ValueError, match="rollout.dynamic_sampling runs in the synchronous loop only"):
-        load_spec(preset="demo", sets={"rollout.dynamic_sampling.enabled": True, "async_rl.max_staleness": 1})
+    both = load_spec(preset="demo", sets={"rollout.dynamic_sampling.enabled": True, "async_rl.max_staleness": 1})
+    assert both.rollout.dynamic_sampling.enabled and both.async_rl.max_staleness == 1  # refills in the async loop too
     with pytest.raises(ValueError, match="DynamicSamplingSpec.max_rounds must be an int >= 0"):
         load_spec(preset="demo", sets={"rollout.dynamic_sampling.max_rounds": -1})
