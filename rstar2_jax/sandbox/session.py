@@ -188,8 +188,12 @@ class Sessions:
             ex.reap_others(ex.keep_pids())
         else:
             exit_code, rusage = reply, None
-            ex.kill_others(ex.keep_pids() | {session.pid})  # the cell's leftovers, not its session
-            ex.reap_others(ex.keep_pids())
+            # the session killed and reaped its children before answering, so what the cell left (their
+            # children) is ours now: usually nothing, seen in one read of our children
+            keep = ex.keep_pids()
+            if any(p not in keep for p in ex.child_pids()):
+                ex.kill_others(keep)
+                ex.reap_others(keep)
         duration = time.monotonic() - t0
         for fd, buf in bufs.items():  # the cell's writers are done or dead: read what is there
             if ex._read_some(fd, buf, until_eof=True)[0] and reason is None:
