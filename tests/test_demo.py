@@ -125,7 +125,9 @@ class AlternatingReward:
 def test_demo_default_records_the_mismatch(tmp_path, monkeypatch):
     # the default configuration (π_old from the sampler, synchronous, fp32 engines, no scripted policy): the
     # mismatch comes from the update's own forward, on every updating step, with the recompute path's names
-    monkeypatch.setattr(demo, "RewardFn", AlternatingReward)
+    import rstar2_jax.rewards
+
+    monkeypatch.setattr(rstar2_jax.rewards, "RewardFn", AlternatingReward)  # what RunSpec.reward_fn builds
     demo.main([a for a in TINY if a != "--scripted-policy"] + ["--eval-every", "2", "--out", str(tmp_path)])
     spec = json.loads((tmp_path / SPEC_FILE).read_text())  # the run's whole spec, resolved
     assert (spec["rl"]["old_logp_source"], spec["rl"]["correction"]["is_level"], spec["rollout"]["scripted_policy"]) \

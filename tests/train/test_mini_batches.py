@@ -51,7 +51,9 @@ def test_mini_batches_add_up_to_the_whole_batch_at_zero_learning_rate(policy):
     assert (steps1, steps2) == (1, 2) and "optimizer_steps" not in one and two["optimizer_steps"] == 2
     # metrics are means over the steps: 2 x mean(S_j) = S, 2 x mean(D_j) = D
     assert 2 * two["loss_denom"] == one["loss_denom"]
-    assert 2 * two["loss_sum"] == pytest.approx(one["loss_sum"], rel=1e-5, abs=1e-6)
+    # S is a sum of about 32 terms ±A·ratio of size ~1 that cancel (the advantages sum to 0): float32 rounding
+    # leaves a few 1e-6 whichever way the sum is split (the order XLA adds in is not fixed)
+    assert 2 * two["loss_sum"] == pytest.approx(one["loss_sum"], rel=1e-5, abs=32 * 4 * 2.0 ** -23)
     assert two["ratio_mean"] == pytest.approx(1.0, abs=1e-5) and two["clip_frac_step1"] == 0.0
 
 
