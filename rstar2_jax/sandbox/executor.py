@@ -280,7 +280,7 @@ class Executor:
                 return False, False
 
     # ---------------------------------------------------------------- the process tree
-    def _kill_all(self, pid: int | None) -> None:
+    def _kill_all(self, pid: int) -> None:
         keep = self.keep_pids()
         if keep:  # sessions live beside the calls: spare them (and their idle warm sibling)
             self.kill_others(keep, pid)
@@ -325,24 +325,17 @@ class Executor:
 
     def reap_others(self, keep: frozenset[int]) -> None:
         """Kill and reap every child of ours outside ``keep`` (orphans come back to us as they are killed)."""
-        deadline = None
-        while True:
-            others = [p for p in self.child_pids() if p not in keep]
-            if not others:
-                return
-            for p in others:
-                try:
-                    os.waitpid(p, os.WNOHANG)
-                except ChildProcessError:
-                    pass
-            if not [p for p in self.child_pids() if p not in keep]:
-                return
-            if deadline is None:
-                deadline = time.monotonic() + 10.0
-            elif time.monotonic() > deadline:
-                raise RuntimeError("a call's processes survived SIGKILL for 10 s")
-            self.kill_others(keep)
-            time.sleep(0.0002)
+
+        def reaped() -> bool:
+            for p in self.child_pids():
+                if p not in keep:
+                    try:
+                        os.waitpid(p, os.WNOHANG)
+                    except ChildProcessError:
+                        pass
+            return all(p in keep for p in self.child_pids())
+
+        self._until(reaped, lambda: self.kill_others(keep))
 
     def _reap_rest(self, pid: int) -> None:
         """Kill and reap every other process the call left (orphans are re-parented to us)."""
@@ -352,18 +345,28 @@ class Executor:
             return
         if self.children is not None and not os.pread(self.children, 16, 0):
             return  # the usual case, in one syscall
-        deadline = None
-        while True:
+
+        def reaped() -> bool:
             try:
                 while os.waitpid(-1, os.WNOHANG)[0]:
                     pass
             except ChildProcessError:
-                return  # the usual case: nothing left, one syscall
+                return True  # the usual case: nothing left, one syscall
+            return False
+
+        self._until(reaped, lambda: self._kill_all(pid))
+
+    @staticmethod
+    def _until(reaped, kill) -> None:
+        """``reaped()`` (reaps what has ended; True once nothing is left), then ``kill()`` and again, for at most
+        10 s after the first miss."""
+        deadline = None
+        while not reaped():
             if deadline is None:
                 deadline = time.monotonic() + 10.0
             elif time.monotonic() > deadline:
                 raise RuntimeError("a call's processes survived SIGKILL for 10 s")
-            self._kill_all(pid)
+            kill()
             time.sleep(0.0002)
 
     # ---------------------------------------------------------------- files
