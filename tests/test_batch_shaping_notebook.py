@@ -3,15 +3,11 @@ every arm's run stops at the sampled-token budget, the results file has each arm
 summary prints one line per arm."""
 
 import json
-from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from tests.test_notebook import inject_parameters, share_compilation_cache
+from tests.test_notebook import run_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.xdist_group("notebooks")  # with the other notebooks: one worker, one compilation cache
 TINY = dict(SEEDS=[0], ARMS=["grpo", "grpo+ds", "roc", "roc+ds"], TOKEN_BUDGET=300, MAX_STEPS=3,
             PROBLEMS_PER_STEP=2, GROUP=2, N_EVAL=4, SFT_TRACES=8, SFT_EPOCHS=1.0, BUDGET=160, N_BOOT=50,
@@ -21,12 +17,9 @@ TINY = dict(SEEDS=[0], ARMS=["grpo", "grpo+ds", "roc", "roc+ds"], TOKEN_BUDGET=3
 
 @pytest.mark.slow
 def test_batch_shaping_notebook_runs(tmp_path, monkeypatch, notebook_jax_cache):
-    share_compilation_cache(monkeypatch, notebook_jax_cache)
-    nb = nbformat.read(ROOT / "notebooks" / "batch_shaping.ipynb", as_version=4)
     results_path = tmp_path / "batch_shaping.json"
-    inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "RESULTS": str(results_path)})
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    nb = run_notebook("batch_shaping", {**TINY, "OUT": str(tmp_path / "runs"), "RESULTS": str(results_path)},
+                      monkeypatch, notebook_jax_cache)
     res = json.loads(results_path.read_text())
     assert res["token_budget"] == 300 and set(res["arms"]) == set(TINY["ARMS"])
     for arm, per_seed in res["arms"].items():

@@ -35,14 +35,22 @@ def share_compilation_cache(monkeypatch: pytest.MonkeyPatch, folder: Path) -> No
     monkeypatch.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 
-@pytest.mark.slow
-def test_roc_ablation_notebook_runs(tmp_path, monkeypatch, notebook_jax_cache):
-    share_compilation_cache(monkeypatch, notebook_jax_cache)
-    nb = nbformat.read(ROOT / "notebooks" / "roc_ablation.ipynb", as_version=4)
-    results_path = tmp_path / "roc_ablation.json"
-    inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "RESULTS": str(results_path)})
+def run_notebook(name: str, params: dict, monkeypatch: pytest.MonkeyPatch, cache: Path) -> nbformat.NotebookNode:
+    """Execute ``notebooks/<name>.ipynb`` with ``params`` injected, from ``notebooks/``, its processes sharing
+    the compilation cache ``cache``; returns the executed notebook (its outputs)."""
+    share_compilation_cache(monkeypatch, cache)
+    nb = nbformat.read(ROOT / "notebooks" / f"{name}.ipynb", as_version=4)
+    inject_parameters(nb, params)
     NotebookClient(nb, timeout=900, kernel_name="python3",
                    resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    return nb
+
+
+@pytest.mark.slow
+def test_roc_ablation_notebook_runs(tmp_path, monkeypatch, notebook_jax_cache):
+    results_path = tmp_path / "roc_ablation.json"
+    run_notebook("roc_ablation", {**TINY, "OUT": str(tmp_path / "runs"), "RESULTS": str(results_path)},
+                 monkeypatch, notebook_jax_cache)
     res = json.loads(results_path.read_text())
     check_results_schema(res, TINY)
     # a fresh run saves the kept-set rate too (the positives each mode trained on)

@@ -2,15 +2,11 @@
 budget."""
 
 import json
-from pathlib import Path
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
-from tests.test_notebook import inject_parameters, share_compilation_cache
+from tests.test_notebook import run_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
 # with tests/test_notebook.py: one xdist group; their demo runs share SFT, engine and evaluation shapes, so
 # this notebook's processes load what the other's compiled (``notebook_jax_cache``)
 pytestmark = pytest.mark.xdist_group("notebooks")
@@ -21,13 +17,10 @@ TINY = dict(SEEDS=[0], RL_STEPS=2, PROBLEMS_PER_STEP=2, GROUP=2, N_EVAL=4, SFT_T
 
 @pytest.mark.slow
 def test_objective_ablation_notebook_runs(tmp_path, monkeypatch, notebook_jax_cache):
-    share_compilation_cache(monkeypatch, notebook_jax_cache)
-    nb = nbformat.read(ROOT / "notebooks" / "objective_ablation.ipynb", as_version=4)
     results_path = tmp_path / "objective_ablation.json"
-    inject_parameters(nb, {**TINY, "OUT": str(tmp_path / "runs"), "SFT_CACHE": str(tmp_path / "runs" / "sft_cache"),
-                           "RESULTS": str(results_path)})
-    NotebookClient(nb, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(ROOT / "notebooks")}}).execute()
+    run_notebook("objective_ablation", {**TINY, "OUT": str(tmp_path / "runs"),
+                                        "SFT_CACHE": str(tmp_path / "runs" / "sft_cache"), "RESULTS": str(results_path)},
+                 monkeypatch, notebook_jax_cache)
     res = json.loads(results_path.read_text())
     assert set(res) == {"rl_steps", "minutes", "objectives"} and list(res["objectives"]) == ["gspo", "dr_grpo"]
     for obj, per_mode in res["objectives"].items():
