@@ -70,7 +70,6 @@ from tqdm import tqdm
 
 ROOT = Path.cwd().resolve().parent if Path.cwd().name == "notebooks" else Path.cwd().resolve()
 from rstar2_jax.run import demo_cli  # noqa: E402
-from rstar2_jax.utils.config_io import to_plain  # noqa: E402
 
 DEMO = (ROOT / "experiments" if EXPERIMENTS is None else Path(EXPERIMENTS)) / "toy_tool_math.py"
 
@@ -91,13 +90,6 @@ def run_argv(obj: str, mode: str, seed: int) -> list[str]:
             "--sft-cache", str(SFT_CACHE), "--no-progress", *OBJECTIVES[obj], *EXTRA_ARGS]
 
 
-def finished(argv: list[str]) -> bool:
-    """A run directory holding a summary of exactly these settings."""
-    d = Path(argv[argv.index("--out") + 1])
-    return (d / "summary.json").exists() and (d / "run_spec.json").exists() and json.loads(
-        (d / "run_spec.json").read_text()) == to_plain(demo_cli.parse_args(argv).spec)
-
-
 def train(argv: list[str], first_of_seed: threading.Event | None) -> None:
     """One run in its own process (log in <out>/stdout.log); waits until its seed's SFT policy is cached."""
     if first_of_seed is not None:
@@ -114,7 +106,7 @@ def train(argv: list[str], first_of_seed: threading.Event | None) -> None:
 # so they read it from the cache. Runs go PARALLEL at a time.
 t0 = time.perf_counter()
 grid = [(o, m, s) for s in SEEDS for o in OBJECTIVES for m in MODES]
-todo = [g for g in grid if not (REUSE_RUNS and finished(run_argv(*g)))]
+todo = [g for g in grid if not (REUSE_RUNS and demo_cli.finished(demo_cli.parse_args(run_argv(*g))))]
 reused = len(grid) - len(todo)
 firsts = {s: next(g for g in todo if g[2] == s) for s in {g[2] for g in todo}}
 cached = {s: threading.Event() for s in firsts}

@@ -61,7 +61,6 @@ from tqdm import tqdm  # text progress in the saved outputs (no widget state)
 
 ROOT = Path.cwd().resolve().parent if Path.cwd().name == "notebooks" else Path.cwd().resolve()
 from rstar2_jax.run import demo, demo_cli  # noqa: E402
-from rstar2_jax.utils.config_io import to_plain  # noqa: E402
 
 demo_cli.use_host_devices(demo_cli.parse_args(EXTRA_ARGS).spec)  # the engines' CPU devices, before JAX starts
 
@@ -75,13 +74,8 @@ for seed, mode in tqdm([(s, m) for s in SEEDS for m in MODES], desc="runs"):
             "--n-eval", str(N_EVAL), "--sft-traces", str(SFT_TRACES), "--sft-epochs", str(SFT_EPOCHS),
             "--budget", str(BUDGET), "--hidden", str(HIDDEN), "--out", str(run_dir), "--sft-cache",
             str(out / "sft_cache"), "--no-progress", *EXTRA_ARGS]
-    done = (run_dir / "summary.json").exists() and (run_dir / "run_spec.json").exists() and json.loads(
-        (run_dir / "run_spec.json").read_text()) == to_plain(demo_cli.parse_args(argv).spec)
-    if REUSE_RUNS and done:
-        summary, reused = json.loads((run_dir / "summary.json").read_text()), reused + 1
-    else:
-        summary = demo.main(argv)
-    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary, rows, was_reused = demo.run_or_reuse(argv, reuse=REUSE_RUNS)
+    reused += was_reused
     runs[(mode, seed)] = {"summary": summary, "rows": rows}
 wall_min = (time.perf_counter() - t0) / 60
 # the measured time: this execution's wall clock, or (when runs were read back) the runs' own recorded times

@@ -28,7 +28,7 @@ from rstar2_jax.model import Qwen3, make_mesh, split_policy
 from rstar2_jax.model.config import MeshConfig, ModelConfig
 from rstar2_jax.rl.checkpoint import Checkpointer, abstract_train_state
 from rstar2_jax.rollout.service import Rollout
-from rstar2_jax.run.demo_cli import DemoArgs, parse_args
+from rstar2_jax.run.demo_cli import DemoArgs, finished, parse_args
 from rstar2_jax.run.driver import OneStage, Parts, SFTPart, run, write_plots
 from rstar2_jax.run.resume import ResumeError
 from rstar2_jax.run.scripted import mixed_script
@@ -107,6 +107,16 @@ def save_sft_cache(args: DemoArgs, state, sft_cfg: SFTConfig, log: list[dict]) -
 
 def main(argv: list[str] | None = None) -> dict:
     return run_demo(parse_args(argv))
+
+
+def run_or_reuse(argv: list[str], *, reuse: bool = True) -> tuple[dict, list[dict], bool]:
+    """Run ``argv`` (``main``), or with ``reuse`` read back a finished run of the same spec in its ``--out``
+    (``demo_cli.finished``). Returns (summary, the rows of its metrics.jsonl, whether it was read back)."""
+    args = parse_args(argv)
+    reused = reuse and finished(args)
+    summary = json.loads((args.out / "summary.json").read_text()) if reused else run_demo(args)
+    rows = [json.loads(x) for x in (args.out / "metrics.jsonl").read_text().splitlines()]
+    return summary, rows, reused
 
 
 def run_demo(args: DemoArgs) -> dict:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any, Callable
 
@@ -181,3 +182,11 @@ def use_host_devices(spec: RunSpec, who: str = "demo") -> int:
     p = spec.placement
     return force_host_device_count((spec.learner.devices or 0) + (p.engines_per_process or 1) * p.devices_per_engine,
                                    who=who)
+
+
+def finished(args: DemoArgs) -> bool:
+    """Whether ``args.out`` holds a finished run of exactly ``args.spec``: a ``summary.json`` beside a saved spec
+    equal to it (what the ablation notebooks read back instead of training again)."""
+    saved = args.out / SPEC_FILE
+    return (args.out / "summary.json").exists() and saved.exists() and \
+        json.loads(saved.read_text()) == to_plain(args.spec)
